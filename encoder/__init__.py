@@ -1,0 +1,1 @@
+"""Encoder: turns sampled views into embeddings (torch); never opens a store."""

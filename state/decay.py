@@ -1,0 +1,44 @@
+"""Decay algebra: a time-decayed sum held as ``(w, t_ref)``.
+
+Its value at time t is ``w * 2^(-(t - t_ref) / half_life)``, written with a precomputed
+``rate = ln2 / half_life`` (1/ms). Adding an event moves ``t_ref`` to the later of the two
+times and decays the older side onto it, so addition is commutative and associative
+(exactly in real arithmetic, to rounding in floats): events applied in any order, or
+replayed in another order, give the same state. ``rate == 0`` is a structural edge that
+never fades: a plain sum.
+"""
+from __future__ import annotations
+
+import math
+
+_exp = math.exp
+
+
+def add(w: float, t_ref: int, dw: float, t: int, rate: float) -> tuple[float, int]:
+    """(w, t_ref) + an event of weight dw at time t -> new (w, t_ref)."""
+    if t >= t_ref:
+        if rate and t != t_ref:
+            w *= _exp(-rate * (t - t_ref))
+        return w + dw, t
+    return w + (dw * _exp(-rate * (t_ref - t)) if rate else dw), t_ref
+
+
+def merge(a: tuple[float, int], b: tuple[float, int], rate: float) -> tuple[float, int]:
+    """Sum of two decayed values (associative, commutative)."""
+    return add(a[0], a[1], b[0], b[1], rate)
+
+
+def value_at(w: float, t_ref: int, t: int, rate: float) -> float:
+    """The decayed value at time t (t before t_ref extrapolates backwards)."""
+    if not rate or t == t_ref:
+        return w
+    return w * _exp(-rate * (t - t_ref))
+
+
+def rate_from_half_life(half_life_s: float | None) -> float:
+    """ln 2 / half-life in 1/ms; None or inf means never decays."""
+    if half_life_s is None or math.isinf(half_life_s):
+        return 0.0
+    if half_life_s <= 0:
+        raise ValueError(f"half-life must be positive, got {half_life_s!r}")
+    return math.log(2) / (half_life_s * 1000.0)

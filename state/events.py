@@ -1,0 +1,192 @@
+"""Engagement and entity events: the wire contract, its msgpack codec and validation.
+
+Values are msgpack maps; a JSON object is accepted too so that kcat and other plain tools
+can produce (a msgpack map never starts with ``{``, so the two cannot be confused).
+Validation gives one specific reason per bad record; the ingest loop sends it to the
+dead-letter topic with the original bytes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, NamedTuple
+
+import msgpack
+
+from state.schema import SchemaConfig
+
+SCHEMA_VERSION = 1
+
+
+class EventError(ValueError):
+    """A record that cannot be applied. `reason` is a stable short code; `detail` says more."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class Engagement(NamedTuple):
+    """One engagement: `src` did `action` to `dst` at event time `ts` (ms since epoch)."""
+    src: str
+    dst: str
+    action: str
+    ts: int
+    w: float = 1.0
+    id: str | None = None
+
+
+class Entity(NamedTuple):
+    """What is known about a node: text, attributes, an image embedding; newest `ts` wins."""
+    node: str
+    ts: int
+    text: str | None = None
+    attrs: dict | None = None
+    image_emb: tuple[float, ...] | None = None
+
+
+def encode_engagement(ev: Engagement) -> bytes:
+    d: dict[str, Any] = {"v": SCHEMA_VERSION, "src": ev.src, "dst": ev.dst,
+                         "action": ev.action, "ts": ev.ts}
+    if ev.w != 1.0:
+        d["w"] = ev.w
+    if ev.id is not None:
+        d["id"] = ev.id
+    return msgpack.packb(d)
+
+
+def encode_entity(ent: Entity) -> bytes:
+    d: dict[str, Any] = {"v": SCHEMA_VERSION, "node": ent.node, "ts": ent.ts}
+    if ent.text is not None:
+        d["text"] = ent.text
+    if ent.attrs is not None:
+        d["attrs"] = ent.attrs
+    if ent.image_emb is not None:
+        d["image_emb"] = list(ent.image_emb)
+    return msgpack.packb(d)
+
+
+def decode_map(raw: bytes | None, max_bytes: int) -> dict:
+    """Bytes -> dict, from msgpack or a JSON object; EventError when it is neither."""
+    if raw is None:
+        raise EventError("empty", "record has no value")
+    if len(raw) > max_bytes:
+        raise EventError("too_large", f"{len(raw)} bytes > limit {max_bytes}")
+    if raw[:1] in (b"{", b" ", b"\n", b"\t", b"\r"):
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise EventError("bad_json", str(exc)[:200]) from None
+    else:
+        try:
+            obj = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise EventError("undecodable", f"not msgpack or JSON ({type(exc).__name__})") from None
+    if not isinstance(obj, dict):
+        raise EventError("not_a_map", f"value is a {type(obj).__name__}, not a map")
+    return obj
+
+
+class Validator:
+    """Checks decoded maps against the schema config; built once, used per record."""
+
+    def __init__(self, schema: SchemaConfig, now_ms=lambda: int(time.time() * 1000)) -> None:
+        self.schema = schema
+        self.node_types = frozenset(schema.all_node_types)
+        self.actions = schema.all_actions
+        self.now_ms = now_ms
+
+    # -- pieces -------------------------------------------------------------------------
+    def node_id(self, value: Any, field: str) -> str:
+        if not isinstance(value, str):
+            raise EventError("wrong_type", f"{field} must be a string 'type:key'")
+        typ, sep, key = value.partition(":")
+        if not sep or not typ or not key or len(key) > self.schema.max_key_len \
+                or not value.isprintable() or " " in value:
+            raise EventError("malformed_id", f"{field}={value[:80]!r} is not 'type:key'")
+        if typ not in self.node_types:
+            raise EventError("unknown_node_type", f"{field} type {typ!r}")
+        return value
+
+    def timestamp(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise EventError("wrong_type", "ts must be an integer (ms since epoch)")
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise EventError("bad_ts", f"ts={value!r} is not finite")
+            value = int(value)
+        lo, hi = self.schema.min_ts_ms, self.now_ms() + self.schema.max_future_ms
+        if not lo <= value <= hi:
+            raise EventError("ts_out_of_window", f"ts={value} outside [{lo}, {hi}]")
+        return value
+
+    def _version(self, d: dict) -> None:
+        v = d.get("v", SCHEMA_VERSION)
+        if v != SCHEMA_VERSION:
+            raise EventError("unsupported_version", f"v={v!r}, this worker reads {SCHEMA_VERSION}")
+
+    # -- records ------------------------------------------------------------------------
+    def engagement(self, d: dict) -> Engagement:
+        self._version(d)
+        for f in ("src", "dst", "action", "ts"):
+            if f not in d:
+                raise EventError("missing_field", f)
+        src = self.node_id(d["src"], "src")
+        dst = self.node_id(d["dst"], "dst")
+        if src == dst:
+            raise EventError("self_loop", f"src and dst are both {src!r}")
+        action = d["action"]
+        if not isinstance(action, str):
+            raise EventError("wrong_type", "action must be a string")
+        if action not in self.actions:
+            raise EventError("unknown_action", f"action {action[:40]!r}")
+        ts = self.timestamp(d["ts"])
+        w = d.get("w", 1.0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise EventError("wrong_type", "w must be a number")
+        w = float(w)
+        if not math.isfinite(w):
+            raise EventError("bad_weight", f"w={w!r} is not finite")
+        if not 0.0 < w <= self.schema.max_weight:
+            raise EventError("bad_weight", f"w={w!r} outside (0, {self.schema.max_weight}]")
+        eid = d.get("id")
+        if eid is not None and not isinstance(eid, (str, int)):
+            raise EventError("wrong_type", "id must be a string or integer")
+        return Engagement(src, dst, action, ts, w, None if eid is None else str(eid))
+
+    def entity(self, d: dict) -> Entity:
+        self._version(d)
+        for f in ("node", "ts"):
+            if f not in d:
+                raise EventError("missing_field", f)
+        node = self.node_id(d["node"], "node")
+        ts = self.timestamp(d["ts"])
+        text = d.get("text")
+        if text is not None:
+            if not isinstance(text, str):
+                raise EventError("wrong_type", "text must be a string")
+            if len(text) > self.schema.max_text_len:
+                raise EventError("too_large", f"text of {len(text)} chars")
+        attrs = d.get("attrs")
+        if attrs is not None and not isinstance(attrs, dict):
+            raise EventError("wrong_type", "attrs must be a map")
+        emb = d.get("image_emb")
+        if emb is not None:
+            if not isinstance(emb, (list, tuple)) or not emb or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                    for x in emb):
+                raise EventError("bad_embedding", "image_emb must be a non-empty list of finite numbers")
+            emb = tuple(float(x) for x in emb)
+        return Entity(node, ts, text, attrs, emb)
+
+    def decode_engagement(self, raw: bytes | None) -> Engagement:
+        return self.engagement(decode_map(raw, self.schema.max_payload_bytes))
+
+    def decode_entity(self, raw: bytes | None) -> Entity:
+        return self.entity(decode_map(raw, self.schema.max_payload_bytes))
+
+
+def node_type(node_id: str) -> str:
+    return node_id.partition(":")[0]

@@ -1,0 +1,317 @@
+"""The RocksDB graph store (rocksdict): column families, atomic commits with offsets, reads.
+
+Column families (all keys are `state.keys` node keys unless said otherwise):
+
+- ``nodes``     node key -> `NodeState` record (stats + bounded adjacency, both directions)
+- ``entities``  node key -> entity record (text, attrs, image embedding; newest ts wins)
+- ``dirty``     node key -> [node id, oldest event ts not yet refreshed]
+- ``meta``      ``schema_version``, ``num_partitions`` and consumed offsets
+                (``o:<topic>:<partition>``) plus reverse-record high marks (``r:...``)
+
+Every commit is one `WriteBatch` that carries the offsets of what it applied, so state and
+offsets are durable together; after a crash the consumer resumes after the stored offset.
+Reads go through `GraphReader`, which never writes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping
+
+import msgpack
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from state.decay import value_at
+from state.events import Entity
+from state.keys import KeyCodec
+from state.node import IN, OUT, NodeState
+from state.schema import SchemaConfig
+
+log = logging.getLogger(__name__)
+
+STORE_SCHEMA_VERSION = 1
+COLUMN_FAMILIES = ("nodes", "entities", "dirty", "meta")
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used as asked; the message says why and what to do."""
+
+
+class StoreLockedError(StoreError):
+    pass
+
+
+class StoreMissingError(StoreError):
+    pass
+
+
+class IncompatibleStoreError(StoreError):
+    pass
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    path: str = "var/state"            # RocksDB directory (one per worker)
+    top_k: int = 256                   # adjacency bound per node (both directions together)
+    trim_slack: int = 64               # live records may overshoot top_k by this between trims
+    cache_nodes: int = 200_000         # hot node records kept in memory (write-back cache)
+    sync_writes: bool = False          # fsync each commit: survives power loss, not just kill -9
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.trim_slack < 0 or self.cache_nodes < 1:
+            raise ValueError("trim_slack must be >= 0 and cache_nodes >= 1")
+
+
+@dataclass(frozen=True)
+class EdgeView:
+    """An edge as of a time: `weight` is decayed to that time; `age_ms` since its last event."""
+    neighbor: str
+    action: str
+    direction: int          # OUT: this node was the src; IN: it was the dst
+    weight: float
+    age_ms: int
+    count: int
+    first_ts: int
+
+
+@dataclass(frozen=True)
+class NodeView:
+    id: str
+    type: str
+    first_seen: int | None
+    last_seen: int | None
+    events: int
+    activity: Mapping[tuple[str, int], float]   # (action, direction) -> decayed activity
+    degree_out: int
+    degree_in: int
+
+
+def offset_key(topic: str, partition: int) -> bytes:
+    return b"o:" + topic.encode() + b":" + struct.pack(">I", partition)
+
+
+def reverse_mark_key(reverse_partition: int, origin_partition: int) -> bytes:
+    return b"r:" + struct.pack(">II", reverse_partition, origin_partition)
+
+
+def _options(create: bool) -> Options:
+    opt = Options(raw_mode=True)
+    opt.create_if_missing(create)
+    opt.create_missing_column_families(create)
+    return opt
+
+
+class GraphStore:
+    """Owns the RocksDB handle. Use `reader` for reads and `commit` for atomic writes."""
+
+    def __init__(self, path: str | os.PathLike, schema: SchemaConfig, num_partitions: int,
+                 create: bool = True, sync_writes: bool = False) -> None:
+        self.path = Path(path)
+        self.schema = schema
+        self.keys = KeyCodec(num_partitions)
+        self.rates = {name: spec.decay_rate for name, spec in schema.all_actions.items()}
+        if not create and not (self.path / "CURRENT").exists():
+            raise StoreMissingError(f"no state store at {self.path}: run the worker once to "
+                                    "create it, or pass the right --state path")
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = Rdict(str(self.path), _options(create),
+                            column_families={cf: Options(raw_mode=True) for cf in COLUMN_FAMILIES})
+        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's message
+            msg = str(exc)
+            if "lock" in msg.lower():
+                raise StoreLockedError(
+                    f"state store {self.path} is locked by another process (another worker "
+                    f"running on the same directory?): {msg}") from None
+            if "does not exist" in msg:
+                raise StoreMissingError(f"no state store at {self.path}: {msg}") from None
+            raise StoreError(f"cannot open state store {self.path}: {msg}") from None
+        self.cf = {cf: self.db.get_column_family(cf) for cf in COLUMN_FAMILIES}
+        self.handle = {cf: self.db.get_column_family_handle(cf) for cf in COLUMN_FAMILIES}
+        self._write_opt = WriteOptions()
+        self._write_opt.sync = sync_writes
+        self._check_meta(num_partitions)
+        self.reader = GraphReader(self)
+        self._closed = False
+
+    def _check_meta(self, num_partitions: int) -> None:
+        meta = self.cf["meta"]
+        version = meta.get(b"schema_version")
+        parts = meta.get(b"num_partitions")
+        if version is None:
+            meta[b"schema_version"] = msgpack.packb(STORE_SCHEMA_VERSION)
+            meta[b"num_partitions"] = msgpack.packb(num_partitions)
+            return
+        version = msgpack.unpackb(version)
+        if version != STORE_SCHEMA_VERSION:
+            self.db.close()
+            raise IncompatibleStoreError(
+                f"state store {self.path} has schema version {version}; this hirflow reads "
+                f"{STORE_SCHEMA_VERSION}. Rebuild it by replaying the topics into a new path.")
+        parts = msgpack.unpackb(parts)
+        if parts != num_partitions:
+            self.db.close()
+            raise IncompatibleStoreError(
+                f"state store {self.path} was built for {parts} partitions, config says "
+                f"{num_partitions}; node keys depend on it. Use a new path or the old count.")
+
+    # -- writes ---------------------------------------------------------------------------
+    def commit(self, nodes: Iterable[NodeState] = (), entities: Iterable[Entity] = (),
+               dirty_put: Mapping[str, int] | None = None, dirty_del: Iterable[str] = (),
+               offsets: Mapping[tuple[str, int], int] | None = None,
+               reverse_marks: Mapping[tuple[int, int], int] | None = None) -> None:
+        """Write everything in one atomic, durable batch (offsets included)."""
+        wb = WriteBatch(raw_mode=True)
+        key = self.keys.key
+        h = self.handle
+        for s in nodes:
+            wb.put(key(s.id), s.pack(), h["nodes"])
+        for e in entities:
+            wb.put(key(e.node), _pack_entity(e), h["entities"])
+        for node_id, ts in (dirty_put or {}).items():
+            wb.put(key(node_id), msgpack.packb([node_id, ts]), h["dirty"])
+        for node_id in dirty_del:
+            wb.delete(key(node_id), h["dirty"])
+        for (topic, p), off in (offsets or {}).items():
+            wb.put(offset_key(topic, p), msgpack.packb(off), h["meta"])
+        for (rp, op), off in (reverse_marks or {}).items():
+            wb.put(reverse_mark_key(rp, op), msgpack.packb(off), h["meta"])
+        self.db.write(wb, self._write_opt)
+
+    # -- raw loads for the write-back cache -------------------------------------------------
+    def load_nodes(self, node_ids: list[str]) -> dict[str, NodeState]:
+        """Multi-get node records; ids not stored are absent from the result."""
+        if not node_ids:
+            return {}
+        raws = self.cf["nodes"].get([self.keys.key(n) for n in node_ids])
+        out = {}
+        for node_id, raw in zip(node_ids, raws):
+            if raw is not None:
+                s = NodeState.unpack(raw)
+                if s.id != node_id:  # an 8-byte hash collision: refuse rather than mix nodes
+                    raise StoreError(f"node key collision between {s.id!r} and {node_id!r}")
+                out[node_id] = s
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.db.flush()
+            self.db.close()
+
+    def __enter__(self) -> "GraphStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _pack_entity(e: Entity) -> bytes:
+    return msgpack.packb([e.node, e.ts, e.text, e.attrs,
+                          list(e.image_emb) if e.image_emb is not None else None])
+
+
+def _unpack_entity(raw: bytes) -> Entity:
+    node, ts, text, attrs, emb = msgpack.unpackb(raw)
+    return Entity(node, ts, text, attrs, tuple(emb) if emb is not None else None)
+
+
+class GraphReader:
+    """Read-only view of committed state; every read can be taken "as of" a time."""
+
+    def __init__(self, store: GraphStore) -> None:
+        self._store = store
+        self._cf = store.cf
+        self._key = store.keys.key
+        self.rates = store.rates
+
+    def state(self, node_id: str) -> NodeState | None:
+        raw = self._cf["nodes"].get(self._key(node_id))
+        return None if raw is None else NodeState.unpack(raw)
+
+    def states(self, node_ids: list[str]) -> list[NodeState | None]:
+        """Batched reads (one multi-get), for samplers that expand many nodes at once."""
+        if not node_ids:
+            return []
+        raws = self._cf["nodes"].get([self._key(n) for n in node_ids])
+        return [None if r is None else NodeState.unpack(r) for r in raws]
+
+    def node(self, node_id: str, as_of: int | None = None) -> NodeView | None:
+        s = self.state(node_id)
+        if s is None or (as_of is not None and s.first is not None and s.first > as_of):
+            return None
+        t = s.last if as_of is None else as_of
+        activity = {k: value_at(w, tr, t, self.rates[k[0]]) for k, (w, tr) in s.activity.items()}
+        edges = list(s.edge_weights(as_of, self.rates))
+        return NodeView(s.id, s.id.partition(":")[0], s.first, s.last, s.events, activity,
+                        sum(1 for e in edges if e[2] == OUT), sum(1 for e in edges if e[2] == IN))
+
+    def neighbors(self, node_id: str, as_of: int | None = None, k: int | None = None,
+                  direction: int | None = None) -> list[EdgeView]:
+        """Edges of a node heaviest first (|decayed weight| at `as_of`, default latest)."""
+        s = self.state(node_id)
+        if s is None:
+            return []
+        t = s.last if as_of is None else as_of
+        out = [EdgeView(n, a, d, w, t - tref, c, f)
+               for n, a, d, w, tref, c, f in s.edge_weights(as_of, self.rates)
+               if direction is None or d == direction]
+        out.sort(key=lambda e: (-abs(e.weight), e.neighbor, e.action))
+        return out[:k] if k is not None else out
+
+    def entity(self, node_id: str) -> Entity | None:
+        raw = self._cf["entities"].get(self._key(node_id))
+        return None if raw is None else _unpack_entity(raw)
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """Last applied offset per (topic, partition)."""
+        out = {}
+        for k, v in self._iter_prefix("meta", b"o:"):
+            topic, p = k[2:-5].decode(), struct.unpack(">I", k[-4:])[0]
+            out[(topic, p)] = msgpack.unpackb(v)
+        return out
+
+    def reverse_marks(self) -> dict[tuple[int, int], int]:
+        """Highest origin offset applied per (reverse partition, origin partition)."""
+        return {struct.unpack(">II", k[2:]): msgpack.unpackb(v)
+                for k, v in self._iter_prefix("meta", b"r:")}
+
+    def dirty(self) -> dict[str, int]:
+        """Nodes waiting for refresh -> oldest event time that made them dirty."""
+        return {node: ts for node, ts in (msgpack.unpackb(v) for _, v in self._iter_prefix("dirty", b""))}
+
+    def node_ids(self, partition: int | None = None) -> Iterator[str]:
+        prefix = b"" if partition is None else KeyCodec.partition_prefix(partition)
+        for _, v in self._iter_prefix("nodes", prefix):
+            yield msgpack.unpackb(v)[0]
+
+    def count(self, cf: str = "nodes") -> int:
+        return sum(1 for _ in self._iter_prefix(cf, b""))
+
+    def size_bytes(self) -> int:
+        """Estimated live data (SST + memtables) in bytes, for the state-size metric."""
+        db = self._store.db
+        total = 0
+        for cf in COLUMN_FAMILIES:
+            for prop in ("rocksdb.estimate-live-data-size", "rocksdb.cur-size-all-mem-tables"):
+                v = self._store.cf[cf].property_int_value(prop)
+                total += v or 0
+        return total or (db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0)
+
+    def _iter_prefix(self, cf: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self._cf[cf].iter()
+        try:
+            it.seek(prefix)
+            while it.valid():
+                k = it.key()
+                if not k.startswith(prefix):
+                    break
+                yield k, it.value()
+                it.next()
+        finally:
+            del it

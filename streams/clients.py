@@ -1,0 +1,52 @@
+"""confluent-kafka client settings in one place: producers, consumers, per config profile."""
+from __future__ import annotations
+
+from confluent_kafka import Consumer, Producer
+
+from streams.config import KafkaConfig
+
+
+def producer(cfg: KafkaConfig, **extra) -> Producer:
+    """Idempotent, keyed by node id with Kafka's default murmur2 partitioner."""
+    conf = {
+        "bootstrap.servers": cfg.bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": cfg.linger_ms,
+        "partitioner": "murmur2_random",
+        "queue.buffering.max.messages": 1_000_000,
+        "message.max.bytes": cfg.max_message_bytes,
+        "compression.type": "lz4",
+        **cfg.client,
+        **extra,
+    }
+    return Producer(conf)
+
+
+def consumer(cfg: KafkaConfig, group_id: str, **extra) -> Consumer:
+    """Manual offsets: nothing is committed to Kafka before the state that reflects it."""
+    conf = {
+        "bootstrap.servers": cfg.bootstrap,
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": cfg.session_timeout_ms,
+        "heartbeat.interval.ms": max(500, cfg.session_timeout_ms // 6),
+        "fetch.wait.max.ms": cfg.fetch_wait_max_ms,
+        "fetch.max.bytes": max(52_428_800, cfg.max_message_bytes * 2),
+        "max.partition.fetch.bytes": max(1_048_576, cfg.max_message_bytes),
+        **cfg.client,
+        **extra,
+    }
+    return Consumer(conf)
+
+
+def produce_blocking(p: Producer, topic: str, value: bytes, key: bytes | None = None, **kw) -> None:
+    """produce() that waits for queue room instead of raising BufferError."""
+    while True:
+        try:
+            p.produce(topic, value=value, key=key, **kw)
+            return
+        except BufferError:
+            p.poll(0.05)

@@ -1,0 +1,238 @@
+"""The engagement hot path: a confluent-kafka batch consumer applying events to state.
+
+Per batch: consume up to `batch_max` records, skip anything at or below the offset stored in
+RocksDB (a replay after a crash), validate, apply to the write-back cache, send bad records
+to the dead-letter topic and the sides of an engagement that another worker owns to the
+reverse topic, wait until those are acknowledged, then commit state + dirty markers +
+offsets in one RocksDB batch, and only then commit the offsets to Kafka. So Kafka's
+committed offset never runs ahead of durable state, and no event is applied twice.
+
+Partitions are assigned statically (`p % worker.count == worker.index`): each worker's state
+is a fixed set of partitions' key ranges, so a rebalance never moves state under it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import msgpack
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+
+from state.events import Engagement, EventError, Validator
+from state.writer import BOTH_SIDES, DST_SIDE, SRC_SIDE, GraphWriter
+from streams import clients
+from streams.config import HirflowConfig
+from streams.deadletter import DeadLetters
+from streams.metrics import (BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
+                             EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, REVERSE_SENT)
+from streams.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryError(RuntimeError):
+    """A dead letter or reverse record was not acknowledged: the batch must not commit."""
+
+
+def owned_partitions(cfg: HirflowConfig) -> list[int]:
+    w = cfg.worker
+    return [p for p in range(cfg.kafka.partitions) if p % w.count == w.index]
+
+
+def encode_reverse(ev: Engagement, side: int, origin_partition: int, origin_offset: int) -> bytes:
+    d = {"v": 1, "src": ev.src, "dst": ev.dst, "action": ev.action, "ts": ev.ts, "w": ev.w,
+         "side": side, "op": origin_partition, "oo": origin_offset}
+    if ev.id is not None:
+        d["id"] = ev.id
+    return msgpack.packb(d)
+
+
+class IngestLoop:
+    """Owns one consumer and one producer; `run` until the stop event is set."""
+
+    def __init__(self, cfg: HirflowConfig, writer: GraphWriter, topics: Topics,
+                 consumer: Consumer | None = None, producer: Producer | None = None) -> None:
+        self.cfg = cfg
+        self.writer = writer
+        self.topics = topics
+        self.validator = Validator(cfg.schema)
+        self.partitions = owned_partitions(cfg)
+        self._owned = frozenset(self.partitions)
+        self._single = cfg.worker.count == 1
+        self._partition_of = writer.store.keys.partition
+        self.consumer = consumer or clients.consumer(cfg.kafka, cfg.ingest.group_id)
+        self.producer = producer or clients.producer(cfg.kafka, on_delivery=self._on_delivery)
+        self.dead = DeadLetters(self.producer, topics.dead_letter)
+        self._delivery_errors: list[str] = []
+        self._pending_sends = 0
+        self._last_lag = 0.0
+        self.applied = 0
+        self._assign()
+
+    # -- setup ----------------------------------------------------------------------------
+    def _assign(self) -> None:
+        tps = []
+        for topic in (self.topics.engagements, self.topics.reverse):
+            for p in self.partitions:
+                stored = self.writer.stored_offset(topic, p)
+                tps.append(TopicPartition(topic, p, stored + 1 if stored >= 0 else OFFSET_BEGINNING))
+        self.consumer.assign(tps)
+        log.info("ingest assigned partitions %s of %s (resuming after stored offsets)",
+                 self.partitions, self.topics.engagements)
+
+    def _on_delivery(self, err, msg) -> None:
+        if err is not None:
+            self._delivery_errors.append(f"{msg.topic()}: {err}")
+
+    # -- one batch --------------------------------------------------------------------------
+    def poll_once(self, timeout: float | None = None) -> int:
+        """Consume one batch and make it durable; returns the number of records consumed."""
+        t = self.cfg.ingest.batch_wait_ms / 1000 if timeout is None else timeout
+        msgs = self.consumer.consume(self.cfg.ingest.batch_max, timeout=t)
+        if not msgs:
+            self._maybe_lag()
+            return 0
+        t0 = time.perf_counter()
+        with self.writer.lock:
+            try:
+                last = self._apply(msgs)
+                self._await_sends()
+                for (topic, p), off in last.items():
+                    self.writer.applied(topic, p, off)
+                self.writer.commit()
+            except Exception:
+                self.writer.discard_uncommitted()
+                raise
+        if last:
+            self.consumer.commit(offsets=[TopicPartition(tp, p, off + 1)
+                                          for (tp, p), off in last.items()], asynchronous=True)
+        BATCH_SECONDS.observe(time.perf_counter() - t0)
+        BATCH_SIZE.observe(len(msgs))
+        CACHED_NODES.set(self.writer.cached_nodes)
+        EVICTED_EDGES.set(self.writer.evicted_edges)
+        self._maybe_lag()
+        return len(msgs)
+
+    def _apply(self, msgs) -> dict[tuple[str, int], int]:
+        eng, rev = self.topics.engagements, self.topics.reverse
+        stored = self.writer.offsets
+        decode = self.validator.decode_engagement
+        writer = self.writer
+        last: dict[tuple[str, int], int] = {}
+        good: list[tuple[Engagement, int]] = []
+        ids: list[str] = []
+        counts = {eng: [0, 0, 0], rev: [0, 0, 0]}   # consumed, applied, skipped
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal() or not err.retriable():
+                    raise RuntimeError(f"consumer error: {err}")
+                log.warning("transient consumer error: %s", err)
+                continue
+            topic, p, off = m.topic(), m.partition(), m.offset()
+            c = counts[topic]
+            c[0] += 1
+            if off <= stored.get((topic, p), -1):
+                c[2] += 1
+                continue
+            last[(topic, p)] = off
+            if topic == eng:
+                try:
+                    ev = decode(m.value())
+                except EventError as exc:
+                    self.dead.send(m, exc.reason, exc.detail)
+                    continue
+                sides = BOTH_SIDES if self._single else self._route(ev, p, off)
+                if sides:
+                    good.append((ev, sides))
+                    ids.append(ev.src)
+                    ids.append(ev.dst)
+            else:
+                item = self._reverse(m, p)
+                if item is not None:
+                    good.append(item)
+                    ids.append(item[0].dst if item[1] == DST_SIDE else item[0].src)
+        writer.prefetch(ids)
+        apply = writer.apply
+        for ev, sides in good:
+            apply(ev, sides)
+        for topic, (n_in, _, n_skip) in counts.items():
+            if n_in:
+                EVENTS_CONSUMED.labels(topic).inc(n_in)
+            if n_skip:
+                EVENTS_SKIPPED.labels(topic).inc(n_skip)
+        EVENTS_APPLIED.labels(eng).inc(len(good))
+        self.applied += len(good)
+        return last
+
+    def _route(self, ev: Engagement, p: int, off: int) -> int:
+        """Sides this worker applies; the others go to the reverse topic keyed by that node."""
+        sides = 0
+        for side, node in ((SRC_SIDE, ev.src), (DST_SIDE, ev.dst)):
+            q = self._partition_of(node)
+            if q in self._owned:
+                sides |= side
+            else:
+                clients.produce_blocking(self.producer, self.topics.reverse,
+                                         value=encode_reverse(ev, side, p, off),
+                                         key=node.encode(), partition=q)
+                self._pending_sends += 1
+                REVERSE_SENT.inc()
+        return sides
+
+    def _reverse(self, m, q: int) -> tuple[Engagement, int] | None:
+        """A forwarded side: applied unless its origin offset was applied already."""
+        try:
+            d = msgpack.unpackb(m.value())
+            ev = self.validator.engagement(d)
+            side, op, oo = int(d["side"]), int(d["op"]), int(d["oo"])
+        except (EventError, KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+            reason = exc.reason if isinstance(exc, EventError) else "bad_reverse_record"
+            self.dead.send(m, reason, str(exc))
+            return None
+        if oo <= self.writer.reverse_mark(q, op):
+            EVENTS_SKIPPED.labels(m.topic()).inc()
+            return None
+        self.writer.reverse_applied(q, op, oo)
+        return ev, side
+
+    def _await_sends(self) -> None:
+        if self._pending_sends or len(self.producer):
+            remaining = self.producer.flush(30)
+            if remaining:
+                raise DeliveryError(f"{remaining} dead-letter/reverse records unacknowledged")
+        self._pending_sends = 0
+        if self._delivery_errors:
+            errors, self._delivery_errors = self._delivery_errors, []
+            raise DeliveryError(f"delivery failed: {errors[:3]}")
+
+    # -- metrics --------------------------------------------------------------------------
+    def _maybe_lag(self) -> None:
+        now = time.monotonic()
+        if now - self._last_lag < self.cfg.worker.metrics_interval_s:
+            return
+        self._last_lag = now
+        try:
+            for tp in self.consumer.position(self.consumer.assignment()):
+                if tp.offset < 0:
+                    continue
+                _, high = self.consumer.get_watermark_offsets(tp, cached=True) or (0, 0)
+                CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
+        except Exception as exc:  # metrics must never stop ingest
+            log.debug("lag metric failed: %s", exc)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        log.info("ingest loop running")
+        while not stop.is_set():
+            self.poll_once()
+        log.info("ingest loop stopping after %d applied events", self.applied)
+
+    def close(self) -> None:
+        try:
+            self.producer.flush(10)
+        finally:
+            self.consumer.close()

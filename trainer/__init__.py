@@ -1,0 +1,1 @@
+"""Trainer: time-honest training runs that publish checkpoints."""
