@@ -16,7 +16,7 @@ def producer(cfg: KafkaConfig, **extra) -> Producer:
         "partitioner": "murmur2_random",
         "queue.buffering.max.messages": 1_000_000,
         "message.max.bytes": cfg.max_message_bytes,
-        "compression.type": "lz4",
+        "compression.type": cfg.compression,
         **cfg.client,
         **extra,
     }

@@ -18,6 +18,7 @@ class KafkaConfig:
     linger_ms: int = 5                  # measured best latency on the embedded broker
     fetch_wait_max_ms: int = 10
     max_message_bytes: int = 16 * 1024 * 1024   # the DLQ must carry oversized originals
+    compression: str = "none"           # faust's aiokafka reads gzip without extras, not lz4
     client: dict[str, str] = field(default_factory=dict)   # extra librdkafka settings (SASL/SSL)
 
     def __post_init__(self) -> None:

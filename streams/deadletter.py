@@ -25,27 +25,29 @@ class DeadLetters:
         self._unlogged = 0
 
     def send(self, msg: Message, reason: str, detail: str = "") -> None:
-        ts_type, ts = msg.timestamp()
+        self.send_raw(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                      msg.timestamp()[1], reason, detail)
+
+    def send_raw(self, topic: str, partition: int, offset: int, key: bytes | None,
+                 value: bytes | None, timestamp: int, reason: str, detail: str = "") -> None:
         headers = [
             ("hirflow.reason", reason.encode()),
             ("hirflow.detail", detail[:500].encode("utf-8", "replace")),
-            ("hirflow.origin.topic", msg.topic().encode()),
-            ("hirflow.origin.partition", str(msg.partition()).encode()),
-            ("hirflow.origin.offset", str(msg.offset()).encode()),
-            ("hirflow.origin.timestamp", str(ts).encode()),
+            ("hirflow.origin.topic", topic.encode()),
+            ("hirflow.origin.partition", str(partition).encode()),
+            ("hirflow.origin.offset", str(offset).encode()),
+            ("hirflow.origin.timestamp", str(timestamp).encode()),
         ]
-        produce_blocking(self.producer, self.topic, value=msg.value() or b"", key=msg.key(),
-                         headers=headers)
-        EVENTS_DEAD.labels(msg.topic(), reason).inc()
-        self._log(msg, reason, detail)
+        produce_blocking(self.producer, self.topic, value=value or b"", key=key, headers=headers)
+        EVENTS_DEAD.labels(topic, reason).inc()
+        self._log(topic, partition, offset, reason, detail)
 
-    def _log(self, msg: Message, reason: str, detail: str) -> None:
+    def _log(self, topic: str, partition: int, offset: int, reason: str, detail: str) -> None:
         """At most one line per second, so a flood of garbage cannot flood the log."""
         now = time.monotonic()
         if now - self._last_log >= 1.0:
             log.warning("dead-lettered %s[%d]@%d: %s %s (+%d more since last line)",
-                        msg.topic(), msg.partition(), msg.offset(), reason, detail,
-                        self._unlogged)
+                        topic, partition, offset, reason, detail, self._unlogged)
             self._last_log, self._unlogged = now, 0
         else:
             self._unlogged += 1

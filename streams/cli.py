@@ -1,0 +1,256 @@
+"""The `hirflow` command line. Config: defaults < --config file < HIRFLOW_* env < flags."""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from state.config import ConfigError, as_dict
+from streams import config as config_mod
+from streams import logs
+
+log = logging.getLogger("hirflow")
+
+
+def _parse_sets(sets: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for s in sets:
+        key, sep, value = s.partition("=")
+        if not sep:
+            raise click.BadParameter(f"--set expects key=value, got {s!r}")
+        out[key.strip()] = value
+    return out
+
+
+class Ctx:
+    def __init__(self, config_file, sets, flags, log_level, log_format):
+        self.config_file, self.sets, self.flags = config_file, sets, flags
+        self.log_level, self.log_format = log_level, log_format
+
+    def config(self, **more) -> config_mod.HirflowConfig:
+        overrides = {**self.sets, **{k: v for k, v in {**self.flags, **more}.items() if v is not None}}
+        try:
+            cfg = config_mod.load(file=self.config_file, overrides=overrides)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+        logs.setup(self.log_level or cfg.worker.log_level, self.log_format or cfg.worker.log_format)
+        return cfg
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="TOML or JSON config file (also HIRFLOW_CONFIG).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override one config key, e.g. --set graph.top_k=128 (repeatable).")
+@click.option("--bootstrap", help="Kafka bootstrap servers (kafka.bootstrap).")
+@click.option("--state", "state_path", help="RocksDB state directory (graph.path).")
+@click.option("--partitions", type=int, help="Partitions of keyed topics (kafka.partitions).")
+@click.option("--topic-prefix", help="Prefix for every topic name (kafka.topic_prefix).")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+                                               case_sensitive=False))
+@click.option("--log-format", type=click.Choice(["text", "json"]))
+@click.pass_context
+def cli(ctx, config_file, sets, bootstrap, state_path, partitions, topic_prefix, log_level,
+        log_format):
+    """hirflow keeps Hierarchical Interest Representation embeddings fresh from Kafka.
+
+    \b
+    Quick start on the embedded default (broker, state, synthetic world):
+      hirflow demo
+    Pieces:
+      hirflow broker                 # embedded Kafka-compatible broker on 127.0.0.1:9092
+      hirflow topics create          # create hirflow.* topics (idempotent)
+      hirflow worker                 # the stream worker (ingest + entity agent + /metrics)
+      hirflow synth --produce        # stream a synthetic ads world with planted interests
+      hirflow replay FILE            # produce JSONL / CSV / Taobao UserBehavior files
+    """
+    flags = {"kafka.bootstrap": bootstrap, "graph.path": state_path,
+             "kafka.partitions": partitions, "kafka.topic_prefix": topic_prefix}
+    ctx.obj = Ctx(config_file, _parse_sets(sets), flags, log_level, log_format)
+
+
+@cli.command()
+@click.option("--port", default=9092, show_default=True, help="Loopback port to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.pass_obj
+def broker(obj: Ctx, port, host):
+    """Run the embedded tansu broker in the foreground until Ctrl-C."""
+    from streams.broker import EmbeddedBroker
+    obj.config()
+    b = EmbeddedBroker(port=port, host=host).start()
+    click.echo(f"embedded broker listening on {b.bootstrap} (in-memory storage; Ctrl-C stops)")
+    _wait_for_signal(lambda: b.proc.poll() is not None)
+    b.stop()
+
+
+@cli.group()
+def topics():
+    """Manage hirflow's Kafka topics."""
+
+
+@topics.command("create")
+@click.pass_obj
+def topics_create(obj: Ctx):
+    """Create every hirflow topic that is missing (idempotent)."""
+    from streams.topics import Topics, ensure_topics
+    cfg = obj.config()
+    for name, status in ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix)).items():
+        click.echo(f"{status:8} {name}")
+
+
+@cli.command()
+@click.option("--index", type=int, help="This worker's index (worker.index).")
+@click.option("--count", type=int, help="Number of workers (worker.count).")
+@click.option("--web-port", type=int, help="Port of /health, /ready, /metrics (worker.web_port).")
+@click.option("--create-topics/--no-create-topics", default=True, show_default=True,
+              help="Create missing topics before starting.")
+@click.pass_obj
+def worker(obj: Ctx, index, count, web_port, create_topics):
+    """Run the stream worker: engagement ingest, entity agent, health and metrics."""
+    import faust
+
+    from streams.app import build_app
+    from streams.runtime import WorkerRuntime
+    from streams.topics import Topics, ensure_topics
+    cfg = obj.config(**{"worker.index": index, "worker.count": count, "worker.web_port": web_port})
+    if create_topics:
+        ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
+    runtime = WorkerRuntime(cfg)
+    app = build_app(cfg, runtime)
+    log.info("worker %d/%d on %s, state %s, web http://%s:%d/metrics", cfg.worker.index,
+             cfg.worker.count, cfg.kafka.bootstrap, cfg.graph.path, cfg.worker.web_host,
+             cfg.worker.web_port)
+    try:
+        faust.Worker(app, loglevel=(obj.log_level or cfg.worker.log_level).lower(),
+                     override_logging=False, quiet=True).execute_from_commandline()
+    finally:
+        runtime.close()
+
+
+@cli.command()
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "taobao"]),
+              help="File format (default: from the name and first line).")
+@click.option("--rate", type=float, help="Pace to this many events per second.")
+@click.option("--progress/--no-progress", default=True)
+@click.pass_obj
+def replay(obj: Ctx, path, fmt, rate, progress):
+    """Produce the events of a file to hirflow.engagements / hirflow.entities."""
+    from state.events import Validator
+    from streams.replay import ReplayError, detect_format, produce, read_events
+    cfg = obj.config()
+    try:
+        fmt = fmt or detect_format(path)
+        stats = produce(cfg, read_events(path, fmt, Validator(cfg.schema)), rate=rate,
+                        progress=progress)
+    except ReplayError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(stats))
+
+
+@cli.command()
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Write engagements/entities/labels JSONL files here.")
+@click.option("--produce", "do_produce", is_flag=True, help="Produce straight to Kafka.")
+@click.option("--events", type=int, default=100_000, show_default=True)
+@click.option("--users", type=int, default=2_000, show_default=True)
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--start", default="2026-01-01", show_default=True,
+              help="Event time of the first event: YYYY-MM-DD, ms since epoch, or 'now'.")
+@click.option("--span-days", type=float, default=28.0, show_default=True)
+@click.option("--rate", type=float, help="With --produce: pace to events per second.")
+@click.pass_obj
+def synth(obj: Ctx, out, do_produce, events, users, seed, start, span_days, rate):
+    """Generate the synthetic ads world with planted hierarchical interests."""
+    from streams.synth import SynthConfig, SynthWorld, write
+    if not out and not do_produce:
+        raise click.UsageError("give --out DIR, --produce, or both")
+    cfg = obj.config()
+    scfg = SynthConfig(seed=seed, events=events, users=users, start_ms=_parse_start(start),
+                       span_days=span_days)
+    world = SynthWorld(scfg)
+    if out:
+        paths = write(world, out)
+        click.echo(json.dumps({k: str(v) for k, v in paths.items()}))
+    if do_produce:
+        from streams.replay import produce
+        click.echo(json.dumps(produce(cfg, world.stream(), total=None, rate=rate)))
+
+
+def _parse_start(start: str) -> int:
+    if start == "now":
+        return int(time.time() * 1000)
+    if start.isdigit():
+        return int(start)
+    import datetime as dt
+    try:
+        d = dt.datetime.strptime(start, "%Y-%m-%d").replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        raise click.BadParameter(f"--start {start!r}: use YYYY-MM-DD, ms since epoch or 'now'")
+    return int(d.timestamp() * 1000)
+
+
+@cli.command("state")
+@click.option("--node", "nodes", multiple=True, help="Show this node's stats and top edges.")
+@click.option("--top", default=10, show_default=True)
+@click.pass_obj
+def state_cmd(obj: Ctx, nodes, top):
+    """Summarise the state store (stop the worker first: RocksDB allows one writer)."""
+    from state.graph import GraphStore
+    cfg = obj.config()
+    with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
+        r = store.reader
+        click.echo(json.dumps({"nodes": r.count("nodes"), "entities": r.count("entities"),
+                               "dirty": r.count("dirty"), "bytes": r.size_bytes(),
+                               "offsets": {f"{t}[{p}]": o for (t, p), o in sorted(r.offsets().items())}},
+                              indent=2))
+        for n in nodes:
+            view = r.node(n)
+            click.echo(json.dumps({"node": n, "stats": None if view is None else {
+                "events": view.events, "first_seen": view.first_seen, "last_seen": view.last_seen,
+                "degree_out": view.degree_out, "degree_in": view.degree_in},
+                "edges": [e.__dict__ for e in r.neighbors(n, k=top)]}, indent=2, default=str))
+
+
+@cli.command("config")
+@click.pass_obj
+def show_config(obj: Ctx):
+    """Print the effective config (after file, env and flags)."""
+    click.echo(json.dumps(as_dict(obj.config()), indent=2, default=str))
+
+
+@cli.command()
+@click.option("--events", type=int, default=200_000, show_default=True,
+              help="Synthetic engagement events to stream.")
+@click.option("--rate", type=float, default=2_000, show_default=True, help="Events per second.")
+@click.option("--duration", type=float, help="Stop after this many seconds (default: at the end).")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("var/demo"),
+              show_default=True)
+@click.pass_obj
+def demo(obj: Ctx, events, rate, duration, workdir):
+    """The main job on the embedded default: broker, worker, a synthetic world streamed live."""
+    from streams.demo import run_demo
+    cfg = obj.config(**{"graph.path": str(workdir / "state")})
+    sys.exit(run_demo(cfg, workdir, events=events, rate=rate, duration=duration,
+                      log_level=obj.log_level or "WARNING"))
+
+
+def _wait_for_signal(done=lambda: False) -> None:
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.append(1))
+    while not stop and not done():
+        time.sleep(0.2)
+
+
+def main() -> None:
+    cli(prog_name="hirflow")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""What one worker process holds: the store, its writer, the ingest loop and their health.
+
+Kept apart from the faust app so the hot path runs (and is tested) without faust.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from state.events import EventError, Validator
+from state.graph import GraphStore
+from state.writer import GraphWriter
+from streams import clients
+from streams.config import HirflowConfig
+from streams.deadletter import DeadLetters
+from streams.ingest import IngestLoop, owned_partitions
+from streams.metrics import DIRTY_NODES, EVENTS_APPLIED, EVENTS_CONSUMED, EVENTS_SKIPPED, STATE_BYTES
+from streams.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+class WorkerRuntime:
+    def __init__(self, cfg: HirflowConfig) -> None:
+        self.cfg = cfg
+        self.topics = Topics(cfg.kafka.topic_prefix)
+        self.store = GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions,
+                                sync_writes=cfg.graph.sync_writes)
+        self.writer = GraphWriter(self.store, cfg.graph)
+        self.validator = Validator(cfg.schema)
+        self.owned = frozenset(owned_partitions(cfg))
+        self.stop = threading.Event()
+        self.ingest: IngestLoop | None = None
+        self.last_beat = 0.0
+        self.caught_up = False
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._entity_producer = None
+        self._entity_dead: DeadLetters | None = None
+
+    # -- ingest thread --------------------------------------------------------------------
+    def start_ingest(self) -> None:
+        self.ingest = IngestLoop(self.cfg, self.writer, self.topics)
+        self._thread = threading.Thread(target=self._run_ingest, name="hirflow-ingest", daemon=True)
+        self._thread.start()
+
+    def _run_ingest(self) -> None:
+        try:
+            while not self.stop.is_set():
+                n = self.ingest.poll_once()
+                self.last_beat = time.monotonic()
+                if n == 0:
+                    self.caught_up = True
+        except BaseException as exc:   # surfaced by /health; the process must not hang silently
+            self.error = exc
+            log.exception("ingest loop failed; stopping the worker")
+            self.stop.set()
+
+    def stop_ingest(self, timeout: float = 30.0) -> None:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.ingest is not None:
+            self.ingest.close()
+
+    # -- entities (called by the faust agent, in an executor thread) -----------------------
+    def apply_entity(self, topic: str, partition: int, offset: int, key: bytes | None,
+                     value: bytes | None, timestamp: int) -> str:
+        """Apply one entity record; returns "applied", "skipped", "foreign" or the DLQ reason."""
+        if offset <= self.writer.stored_offset(topic, partition):
+            EVENTS_SKIPPED.labels(topic).inc()
+            return "skipped"
+        EVENTS_CONSUMED.labels(topic).inc()
+        outcome = "applied"
+        with self.writer.lock:
+            try:
+                ent = self.validator.decode_entity(value)
+                if self.store.keys.partition(ent.node) in self.owned:
+                    self.writer.upsert_entity(ent)
+                    EVENTS_APPLIED.labels(topic).inc()
+                else:
+                    outcome = "foreign"      # another worker owns this node's key range
+            except EventError as exc:
+                outcome = exc.reason
+                self._dead_letters().send_raw(topic, partition, offset, key, value, timestamp,
+                                              exc.reason, exc.detail)
+                if self._entity_producer.flush(30):
+                    raise RuntimeError("dead letter for an entity was not acknowledged")
+            self.writer.applied(topic, partition, offset)
+            self.writer.commit()
+        return outcome
+
+    def _dead_letters(self) -> DeadLetters:
+        if self._entity_dead is None:
+            self._entity_producer = clients.producer(self.cfg.kafka)
+            self._entity_dead = DeadLetters(self._entity_producer, self.topics.dead_letter)
+        return self._entity_dead
+
+    # -- health and gauges ----------------------------------------------------------------
+    def healthy(self) -> tuple[bool, str]:
+        if self.error is not None:
+            return False, f"ingest failed: {self.error}"
+        if self._thread is None or not self._thread.is_alive():
+            return False, "ingest thread not running"
+        if time.monotonic() - self.last_beat > 60:
+            return False, "ingest loop stalled for over 60 s"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        ok, why = self.healthy()
+        if not ok:
+            return ok, why
+        return (True, "ok") if self.caught_up else (False, "catching up")
+
+    def update_gauges(self) -> None:
+        DIRTY_NODES.set(len(self.writer.dirty))
+        STATE_BYTES.set(self.store.reader.size_bytes())
+
+    def close(self) -> None:
+        self.stop_ingest()
+        if self._entity_producer is not None:
+            self._entity_producer.flush(10)
+        self.store.close()
