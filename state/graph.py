@@ -149,13 +149,13 @@ class GraphStore:
             return
         version = msgpack.unpackb(version)
         if version != STORE_SCHEMA_VERSION:
-            self.db.close()
+            self._release()
             raise IncompatibleStoreError(
                 f"state store {self.path} has schema version {version}; this hirflow reads "
                 f"{STORE_SCHEMA_VERSION}. Rebuild it by replaying the topics into a new path.")
         parts = msgpack.unpackb(parts)
         if parts != num_partitions:
-            self.db.close()
+            self._release()
             raise IncompatibleStoreError(
                 f"state store {self.path} was built for {parts} partitions, config says "
                 f"{num_partitions}; node keys depend on it. Use a new path or the old count.")
@@ -202,7 +202,13 @@ class GraphStore:
         if not self._closed:
             self._closed = True
             self.db.flush()
-            self.db.close()
+            self._release()
+
+    def _release(self) -> None:
+        """Close the DB; column-family handles keep RocksDB's lock alive, so drop them first."""
+        self.cf.clear()
+        self.handle.clear()
+        self.db.close()
 
     def __enter__(self) -> "GraphStore":
         return self

@@ -200,15 +200,15 @@ class SynthWorld:
             hi = cfg.start_ms + span * min(n_sessions, done_sessions + b) // n_sessions
             ts = np.sort(rng.integers(lo, max(lo + 1, hi), b))
             users = rng.choice(cfg.users, size=b, p=self.user_act)
-            in_int = rng.random(b) < cfg.in_interest
-            pick = rng.random(b)
+            ads = self._choose_ads(users, ts, lo, rng)
+            r_click, r_cart, r_conv = rng.random(b), rng.random(b), rng.random(b)
+            delays = rng.integers(1_000, 60_000, (b, 3)) * np.array([1, 10, 60])
             out = []
             for i in range(b):
-                u, t = int(users[i]), int(ts[i])
-                a = self._choose_ad(u, t, bool(in_int[i]), float(pick[i]), rng)
-                if a < 0:
-                    continue
-                out.extend(self._funnel(u, a, t, bool(in_int[i]), rng))
+                a = int(ads[i, 0])
+                if a >= 0:
+                    out.extend(self._funnel(int(users[i]), a, int(ts[i]), bool(ads[i, 1]),
+                                            r_click[i], r_cart[i], r_conv[i], delays[i]))
             done_sessions += b
             out.sort(key=lambda e: e.ts)
             for ev in out:
@@ -229,33 +229,45 @@ class SynthWorld:
             return ints[:-1] + [d[1]]
         return ints
 
-    def _choose_ad(self, u: int, t: int, in_interest: bool, pick: float, rng) -> int:
-        launched = self.ad_launch <= t
-        if in_interest:
-            ints = self.interests_at(u, t)
-            f = ints[int(pick * len(ints))]
-            cands = self.ads_by_fine[f]
+    def _choose_ads(self, users: np.ndarray, ts: np.ndarray, lo: int, rng) -> np.ndarray:
+        """(ad, in_interest) per session, vectorised: Zipf popularity among launched ads, of
+        one of the user's current interests with probability `in_interest`, else any ad.
+        Ads launching inside a chunk become visible from the next chunk on."""
+        cfg = self.cfg
+        b = len(users)
+        launched = self.ad_launch <= lo
+        in_int = rng.random(b) < cfg.in_interest
+        pick, u = rng.random(b), rng.random(b)
+        fine = np.full(b, -1)
+        for i in np.flatnonzero(in_int):
+            ints = self.interests_at(int(users[i]), int(ts[i]))
+            fine[i] = ints[int(pick[i] * len(ints))]
+        out = np.full((b, 2), -1)
+        out[:, 1] = in_int
+        groups = [(f, np.flatnonzero(fine == f)) for f in np.unique(fine[fine >= 0])]
+        groups.append((None, np.flatnonzero(~in_int)))
+        for f, idx in groups:
+            cands = np.flatnonzero(launched) if f is None else self.ads_by_fine[f]
             cands = cands[launched[cands]]
-            if len(cands) == 0:
-                return -1
-            p = self.ad_pop[cands]
-            return int(rng.choice(cands, p=p / p.sum()))
-        cands = np.flatnonzero(launched)
-        p = self.ad_pop[cands]
-        return int(rng.choice(cands, p=p / p.sum()))
+            if len(cands) and len(idx):
+                cum = np.cumsum(self.ad_pop[cands])
+                pos = np.searchsorted(cum, u[idx] * cum[-1], side="right")
+                out[idx, 0] = cands[np.minimum(pos, len(cands) - 1)]
+        return out
 
-    def _funnel(self, u: int, a: int, t: int, in_interest: bool, rng) -> list[Engagement]:
+    def _funnel(self, u: int, a: int, t: int, in_interest: bool, r_click: float, r_cart: float,
+                r_conv: float, delays) -> list[Engagement]:
         cfg = self.cfg
         user, ad = self.user(u), self.ad(a)
         evs = [Engagement(user, ad, "impression", t)]
-        if rng.random() < (cfg.ctr_in if in_interest else cfg.ctr_out):
-            t += int(rng.integers(1_000, 60_000))
+        if r_click < (cfg.ctr_in if in_interest else cfg.ctr_out):
+            t += int(delays[0])
             evs.append(Engagement(user, ad, "click", t))
-            if rng.random() < cfg.cart_rate:
-                t += int(rng.integers(10_000, 600_000))
+            if r_cart < cfg.cart_rate:
+                t += int(delays[1])
                 evs.append(Engagement(user, self.product(a), "add_to_cart", t))
-                if rng.random() < cfg.conversion_rate:
-                    t += int(rng.integers(10_000, 3_600_000))
+                if r_conv < cfg.conversion_rate:
+                    t += int(delays[2])
                     evs.append(Engagement(user, self.product(a), "conversion", t))
         return evs
 

@@ -1,0 +1,41 @@
+import pytest
+
+from state.config import ConfigError
+from streams.config import HirflowConfig, load
+
+
+def test_defaults_file_env_flags_precedence(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[graph]\ntop_k = 100\ntrim_slack = 5\n[kafka]\npartitions = 3\n')
+    env = {"HIRFLOW_GRAPH__TOP_K": "120", "HIRFLOW_KAFKA__PARTITIONS": "5"}
+    cfg = load(file=f, env=env, overrides={"kafka.partitions": 7})
+    assert cfg.graph.top_k == 120          # env beats file
+    assert cfg.graph.trim_slack == 5       # file beats default
+    assert cfg.kafka.partitions == 7       # flag beats env
+    assert cfg.graph.cache_nodes == HirflowConfig().graph.cache_nodes   # default
+
+
+def test_unknown_keys_are_named(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[graph]\ntop_kk = 1\n')
+    with pytest.raises(ConfigError, match="graph.top_kk"):
+        load(file=f, env={})
+    with pytest.raises(ConfigError, match="kafka.bootstrapp"):
+        load(env={"HIRFLOW_KAFKA__BOOTSTRAPP": "x"})
+    with pytest.raises(ConfigError, match="nosuch"):
+        load(env={}, overrides={"nosuch.key": 1})
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ConfigError, match="graph.top_k"):
+        load(env={"HIRFLOW_GRAPH__TOP_K": "many"})
+    with pytest.raises(ConfigError, match="top_k"):
+        load(env={}, overrides={"graph.top_k": 0})
+
+
+def test_extra_actions_and_types_from_file():
+    cfg = load(file="configs/taobao.toml", env={})
+    assert "category" in cfg.schema.all_node_types
+    acts = cfg.schema.all_actions
+    assert acts["belongs_to"].structural and acts["buy"].funnel_weight == 4.0
+    assert "click" in acts                 # defaults are kept, not replaced

@@ -1,0 +1,111 @@
+import multiprocessing as mp
+
+import msgpack
+import pytest
+
+from state.events import Engagement, Entity
+from state.graph import (GraphConfig, GraphStore, IncompatibleStoreError, StoreLockedError,
+                         StoreMissingError)
+from state.keys import KeyCodec, partition_of
+from state.node import IN, OUT
+from state.schema import SchemaConfig
+from state.writer import SRC_SIDE, GraphWriter
+
+T0 = 1_767_225_600_000
+S = SchemaConfig()
+
+
+def test_both_directions_and_stats(tmp_path):
+    with GraphStore(tmp_path, S, 4) as store:
+        w = GraphWriter(store, GraphConfig(path=str(tmp_path)))
+        w.apply(Engagement("user:1", "ad:1", "click", T0))
+        w.apply(Engagement("user:1", "ad:1", "click", T0 + 1000))
+        w.apply(Engagement("user:1", "ad:2", "not_interested", T0 + 2000))
+        w.applied("eng", 0, 41)
+        w.commit()
+        r = store.reader
+        u = r.node("user:1")
+        assert (u.events, u.first_seen, u.last_seen, u.degree_out, u.degree_in) == (3, T0, T0 + 2000, 2, 0)
+        edges = {(e.neighbor, e.action): e for e in r.neighbors("user:1")}
+        assert edges[("ad:1", "click")].count == 2 and edges[("ad:1", "click")].direction == OUT
+        assert edges[("ad:2", "not_interested")].weight < 0          # negative feedback
+        back = r.neighbors("ad:1")
+        assert [(e.neighbor, e.direction) for e in back] == [("user:1", IN)]
+        assert r.offsets() == {("eng", 0): 41}
+        assert r.dirty() == {"user:1": T0, "ad:1": T0, "ad:2": T0 + 2000}
+
+
+def test_as_of_reads_hide_later_edges_and_decay(tmp_path):
+    with GraphStore(tmp_path, S, 4) as store:
+        w = GraphWriter(store, GraphConfig(path=str(tmp_path)))
+        w.apply(Engagement("user:1", "ad:1", "click", T0))
+        w.apply(Engagement("user:1", "ad:2", "click", T0 + 86_400_000))
+        w.commit()
+        r = store.reader
+        assert [e.neighbor for e in r.neighbors("user:1", as_of=T0 + 1)] == ["ad:1"]
+        later = {e.neighbor: e.weight for e in r.neighbors("user:1", as_of=T0 + 3 * 86_400_000)}
+        assert later["ad:1"] == pytest.approx(0.5)          # click half-life is 3 days
+        assert r.node("user:1", as_of=T0 - 1) is None
+
+
+def test_offsets_commit_atomically_with_state(tmp_path):
+    with GraphStore(tmp_path, S, 4) as store:
+        w = GraphWriter(store, GraphConfig(path=str(tmp_path)))
+        w.apply(Engagement("user:1", "ad:1", "click", T0))
+        w.applied("eng", 1, 7)
+        w.discard_uncommitted()            # a failed batch: neither state nor offset lands
+        assert store.reader.offsets() == {} and store.reader.state("user:1") is None
+        w.apply(Engagement("user:1", "ad:1", "click", T0), SRC_SIDE)
+        w.applied("eng", 1, 7)
+        w.commit()
+    with GraphStore(tmp_path, S, 4) as store:
+        assert store.reader.offsets() == {("eng", 1): 7}
+        assert store.reader.state("ad:1") is None            # only the src side was applied
+        assert GraphWriter(store, GraphConfig()).stored_offset("eng", 1) == 7
+
+
+def test_entities_newest_wins(tmp_path):
+    with GraphStore(tmp_path, S, 4) as store:
+        w = GraphWriter(store, GraphConfig(path=str(tmp_path)))
+        assert w.upsert_entity(Entity("ad:1", T0 + 10, "new text"))
+        w.commit()
+        assert not w.upsert_entity(Entity("ad:1", T0, "old text"))
+        w.commit()
+        assert store.reader.entity("ad:1").text == "new text"
+
+
+def _hold(path, ready, release):
+    with GraphStore(path, S, 4):
+        ready.set()
+        release.wait(20)
+
+
+def test_clear_errors_locked_missing_incompatible(tmp_path):
+    with pytest.raises(StoreMissingError, match="no state store"):
+        GraphStore(tmp_path / "nope", S, 4, create=False)
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_hold, args=(tmp_path / "db", ready, release))
+    p.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(StoreLockedError, match="locked by another process"):
+            GraphStore(tmp_path / "db", S, 4)
+    finally:
+        release.set()
+        p.join(30)
+    with pytest.raises(IncompatibleStoreError, match="4 partitions"):
+        GraphStore(tmp_path / "db", S, 8)
+    with GraphStore(tmp_path / "db", S, 4) as store:
+        store.cf["meta"][b"schema_version"] = msgpack.packb(99)
+    with pytest.raises(IncompatibleStoreError, match="schema version 99"):
+        GraphStore(tmp_path / "db", S, 4)
+
+
+def test_node_keys_group_a_partition():
+    codec = KeyCodec(8)
+    ids = [f"user:{i}" for i in range(200)]
+    for n in ids:
+        key = codec.key(n)
+        assert len(key) == 10 and int.from_bytes(key[:2], "big") == partition_of(n, 8)
+    assert len({codec.key(n) for n in ids}) == len(ids)

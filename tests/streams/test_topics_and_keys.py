@@ -1,0 +1,25 @@
+from confluent_kafka.admin import AdminClient
+
+from state.keys import partition_of
+from streams import clients
+from streams.topics import Topics, ensure_topics
+
+
+def test_topics_are_created_once_and_idempotently(cfg):
+    topics = Topics(cfg.kafka.topic_prefix)
+    assert set(ensure_topics(cfg.kafka, topics).values()) == {"exists"}   # fixture created them
+    meta = AdminClient({"bootstrap.servers": cfg.kafka.bootstrap}).list_topics(timeout=10)
+    assert len(meta.topics[topics.engagements].partitions) == cfg.kafka.partitions
+    assert len(meta.topics[topics.dead_letter].partitions) == 1
+
+
+def test_state_partition_matches_the_producers_partitioner(cfg):
+    """Node keys must name the partition librdkafka's murmur2_random picks for the node id."""
+    topics = Topics(cfg.kafka.topic_prefix)
+    got = {}
+    p = clients.producer(cfg.kafka, on_delivery=lambda err, m: got.__setitem__(m.key().decode(), m.partition()))
+    ids = [f"user:{i}" for i in range(200)] + ["ad:981", "advertiser:x", "product:ü"]
+    for n in ids:
+        p.produce(topics.engagements, value=b"x", key=n.encode())
+    assert p.flush(30) == 0
+    assert got == {n: partition_of(n, cfg.kafka.partitions) for n in ids}

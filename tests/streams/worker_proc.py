@@ -1,0 +1,76 @@
+"""Run `hirflow worker` as a real process for tests (so it can be killed with SIGKILL)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from streams.broker import free_port
+from streams.config import HirflowConfig
+from streams.demo import scrape
+
+
+class WorkerProcess:
+    def __init__(self, cfg: HirflowConfig, log_path, extra_env: dict | None = None) -> None:
+        self.port = free_port()
+        self.env = {**os.environ,
+                    "HIRFLOW_KAFKA__BOOTSTRAP": cfg.kafka.bootstrap,
+                    "HIRFLOW_KAFKA__TOPIC_PREFIX": cfg.kafka.topic_prefix,
+                    "HIRFLOW_KAFKA__PARTITIONS": str(cfg.kafka.partitions),
+                    "HIRFLOW_GRAPH__PATH": cfg.graph.path,
+                    "HIRFLOW_WORKER__WEB_PORT": str(self.port),
+                    "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5",
+                    **(extra_env or {})}
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "WorkerProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "streams.cli", "--log-level", "INFO",
+                                      "worker", "--no-create-topics"], env=self.env,
+                                     stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def metrics(self) -> dict[str, float]:
+        try:
+            return scrape(self.url("/metrics"))
+        except OSError:
+            return {}
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url(path), timeout=2) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def wait_metric(self, name: str, at_least: float, timeout: float = 60.0) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}; see {self.log_path}")
+            v = self.metrics().get(name, 0.0)
+            if v >= at_least:
+                return v
+            time.sleep(0.05)
+        raise AssertionError(f"{name} did not reach {at_least}; see {self.log_path}")
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
