@@ -55,8 +55,9 @@ class IncompatibleStoreError(StoreError):
 @dataclass(frozen=True)
 class GraphConfig:
     path: str = "var/state"            # RocksDB directory (one per worker)
-    top_k: int = 256                   # adjacency bound per node (both directions together)
-    trim_slack: int = 64               # live records may overshoot top_k by this between trims
+    top_k: int = 128                   # adjacency bound per node (both directions together);
+                                       # teacher views hold up to 128 nodes
+    trim_slack: int = 32               # live records may overshoot top_k by this between trims
     cache_nodes: int = 200_000         # hot node records kept in memory (write-back cache)
     sync_writes: bool = False          # fsync each commit: survives power loss, not just kill -9
 

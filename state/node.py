@@ -60,16 +60,43 @@ class NodeState:
             if ts < e[3]:
                 e[3] = ts
 
+    def apply_sum(self, nbr: str, action: str, direction: int, w: float, t_ref: int, count: int,
+                  first: int, last: int, rate: float) -> None:
+        """Add a pre-aggregated decayed sum of `count` events (same edge) in one step."""
+        self.events += count
+        if self.first is None or first < self.first:
+            self.first = first
+        if self.last is None or last > self.last:
+            self.last = last
+        key = (action, direction)
+        a = self.activity.get(key)
+        if a is None:
+            self.activity[key] = [abs(w), t_ref]
+        else:
+            _add_into(a, abs(w), t_ref, rate)
+        key3 = (nbr, action, direction)
+        e = self.edges.get(key3)
+        if e is None:
+            self.edges[key3] = [w, t_ref, count, first]
+        else:
+            _add_into(e, w, t_ref, rate)
+            e[2] += count
+            if first < e[3]:
+                e[3] = first
+
     def trim(self, top_k: int, rates: dict[str, float]) -> int:
         """Evict all but the `top_k` heaviest edges; returns how many were evicted."""
         extra = len(self.edges) - top_k
         if extra <= 0:
             return 0
         t = self.last
-        ranked = sorted(self.edges.items(), key=lambda kv: (
-            -abs(value_at(kv[1][0], kv[1][1], t, rates[kv[0][1]])), kv[0][0], kv[0][1], kv[0][2]))
-        for key, _ in ranked[top_k:]:
-            del self.edges[key]
+        exp = _exp
+        ranked = sorted(
+            (-abs(w * exp(-rates[a] * (t - tref)) if rates[a] else w), n, a, d)
+            for (n, a, d), (w, tref, _, _) in self.edges.items())
+        edges = self.edges
+        for _, n, a, d in ranked[top_k:]:
+            del edges[(n, a, d)]
         return extra
 
     # -- reads ----------------------------------------------------------------------------

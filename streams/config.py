@@ -31,11 +31,12 @@ class IngestConfig:
     group_id: str = "hirflow-ingest"    # consumer group used for committed offsets
     batch_max: int = 10_000             # messages per consume call and per state commit
     batch_wait_ms: int = 50             # how long a consume call waits to fill a batch
+    commit_interval_ms: int = 100       # state + offsets become durable at least this often
     reverse_linger_ms: int = 5
 
     def __post_init__(self) -> None:
-        if self.batch_max < 1 or self.batch_wait_ms < 0:
-            raise ValueError("batch_max must be >= 1 and batch_wait_ms >= 0")
+        if self.batch_max < 1 or self.batch_wait_ms < 0 or self.commit_interval_ms < 0:
+            raise ValueError("batch_max must be >= 1, batch_wait_ms and commit_interval_ms >= 0")
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,10 @@ class IngestLoop:
         self._delivery_errors: list[str] = []
         self._pending_sends = 0
         self._last_lag = 0.0
+        self._pending: dict[tuple[str, int], int] = {}   # consumed, not yet durable
+        self._pending_records = 0
+        self._apply_seconds = 0.0
+        self._last_commit = time.monotonic()
         self.applied = 0
         self._assign()
 
@@ -87,16 +91,34 @@ class IngestLoop:
 
     # -- one batch --------------------------------------------------------------------------
     def poll_once(self, timeout: float | None = None) -> int:
-        """Consume one batch and make it durable; returns the number of records consumed."""
+        """Consume one batch into memory state; commit when the commit interval is up (or
+        the stream is idle). Returns the number of records consumed."""
         t = self.cfg.ingest.batch_wait_ms / 1000 if timeout is None else timeout
         msgs = self.consumer.consume(self.cfg.ingest.batch_max, timeout=t)
-        if not msgs:
-            self._maybe_lag()
-            return 0
+        if msgs:
+            t0 = time.perf_counter()
+            with self.writer.lock:
+                try:
+                    self._pending.update(self._apply(msgs))
+                except Exception:
+                    self.writer.discard_uncommitted()
+                    raise
+            self._pending_records += len(msgs)
+            self._apply_seconds += time.perf_counter() - t0
+            BATCH_SIZE.observe(len(msgs))
+        due = time.monotonic() - self._last_commit >= self.cfg.ingest.commit_interval_ms / 1000
+        if self._pending and (due or not msgs):
+            self.commit()
+        self._maybe_lag()
+        return len(msgs)
+
+    def commit(self) -> None:
+        """Make everything consumed so far durable: sends acked, then one RocksDB batch with
+        state + dirty markers + offsets, then (only then) the offsets to Kafka."""
         t0 = time.perf_counter()
+        last = self._pending
         with self.writer.lock:
             try:
-                last = self._apply(msgs)
                 self._await_sends()
                 for (topic, p), off in last.items():
                     self.writer.applied(topic, p, off)
@@ -104,24 +126,24 @@ class IngestLoop:
             except Exception:
                 self.writer.discard_uncommitted()
                 raise
-        if last:
-            self.consumer.commit(offsets=[TopicPartition(tp, p, off + 1)
-                                          for (tp, p), off in last.items()], asynchronous=True)
-        BATCH_SECONDS.observe(time.perf_counter() - t0)
-        BATCH_SIZE.observe(len(msgs))
+        self.consumer.commit(offsets=[TopicPartition(tp, p, off + 1)
+                                      for (tp, p), off in last.items()], asynchronous=True)
+        BATCH_SECONDS.observe(self._apply_seconds + time.perf_counter() - t0)
+        self._pending = {}
+        self._pending_records = 0
+        self._apply_seconds = 0.0
+        self._last_commit = time.monotonic()
         CACHED_NODES.set(self.writer.cached_nodes)
         EVICTED_EDGES.set(self.writer.evicted_edges)
-        self._maybe_lag()
-        return len(msgs)
 
     def _apply(self, msgs) -> dict[tuple[str, int], int]:
         eng, rev = self.topics.engagements, self.topics.reverse
         stored = self.writer.offsets
+        self.validator.refresh_clock()
         decode = self.validator.decode_engagement
         writer = self.writer
         last: dict[tuple[str, int], int] = {}
         good: list[tuple[Engagement, int]] = []
-        ids: list[str] = []
         counts = {eng: [0, 0, 0], rev: [0, 0, 0]}   # consumed, applied, skipped
         for m in msgs:
             err = m.error()
@@ -148,17 +170,11 @@ class IngestLoop:
                 sides = BOTH_SIDES if self._single else self._route(ev, p, off)
                 if sides:
                     good.append((ev, sides))
-                    ids.append(ev.src)
-                    ids.append(ev.dst)
             else:
                 item = self._reverse(m, p)
                 if item is not None:
                     good.append(item)
-                    ids.append(item[0].dst if item[1] == DST_SIDE else item[0].src)
-        writer.prefetch(ids)
-        apply = writer.apply
-        for ev, sides in good:
-            apply(ev, sides)
+        writer.apply_batch(good)
         for topic, (n_in, _, n_skip) in counts.items():
             if n_in:
                 EVENTS_CONSUMED.labels(topic).inc(n_in)
@@ -229,7 +245,13 @@ class IngestLoop:
         log.info("ingest loop running")
         while not stop.is_set():
             self.poll_once()
+        self.flush()
         log.info("ingest loop stopping after %d applied events", self.applied)
+
+    def flush(self) -> None:
+        """Commit whatever was consumed since the last commit (graceful shutdown)."""
+        if self._pending:
+            self.commit()
 
     def close(self) -> None:
         try:

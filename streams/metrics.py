@@ -16,10 +16,10 @@ EVENTS_DEAD = Counter("hirflow_events_dead_lettered_total", "Records sent to the
                       ["topic", "reason"], registry=REGISTRY)
 REVERSE_SENT = Counter("hirflow_reverse_records_sent_total",
                        "Engagement sides forwarded to the worker that owns them", registry=REGISTRY)
-BATCH_SECONDS = Histogram("hirflow_ingest_batch_seconds", "Consume -> durable commit per batch",
+BATCH_SECONDS = Histogram("hirflow_ingest_batch_seconds", "Apply + durable commit time per commit",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
                           registry=REGISTRY)
-BATCH_SIZE = Histogram("hirflow_ingest_batch_records", "Records per ingest batch",
+BATCH_SIZE = Histogram("hirflow_ingest_batch_records", "Records per consume call",
                        buckets=(1, 10, 100, 1000, 5000, 10000, 50000), registry=REGISTRY)
 CONSUMER_LAG = Gauge("hirflow_consumer_lag", "High watermark minus position (clamped at 0; the "
                      "embedded broker reports the watermark short)", ["topic", "partition"],

@@ -52,6 +52,7 @@ class WorkerRuntime:
                 self.last_beat = time.monotonic()
                 if n == 0:
                     self.caught_up = True
+            self.ingest.flush()
         except BaseException as exc:   # surfaced by /health; the process must not hang silently
             self.error = exc
             log.exception("ingest loop failed; stopping the worker")

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from state.events import Engagement, Entity
+from state.events import Engagement, Entity, as_dict
 
 LEXICON = {
     "sports": {"running": ["trail", "marathon", "sprint", "treadmill"],
@@ -298,7 +298,7 @@ def write(world: SynthWorld, out: Path) -> dict[str, Path]:
     with paths["engagements"].open("w") as fe, paths["entities"].open("w") as fn:
         for item in world.stream():
             f = fe if isinstance(item, Engagement) else fn
-            f.write(json.dumps({k: v for k, v in item._asdict().items() if v is not None}) + "\n")
+            f.write(json.dumps(as_dict(item)) + "\n")
     with paths["labels"].open("w") as fl:
         for row in world.labels():
             fl.write(json.dumps(row) + "\n")

@@ -24,7 +24,9 @@ def broker():
 def make_config(tmp_path, bootstrap="127.0.0.1:9", partitions=4, **sections) -> HirflowConfig:
     data = {"kafka": {"bootstrap": bootstrap, "partitions": partitions,
                       "topic_prefix": f"t{os.getpid()}x{next(_counter)}."},
-            "graph": {"path": str(tmp_path / "state")}}
+            # exactly-once tests compare with a direct apply: an adjacency bound that evicts
+            # would make the result depend on interleaving across partitions (see README)
+            "graph": {"path": str(tmp_path / "state"), "top_k": 4096}}
     for k, v in sections.items():
         data.setdefault(k, {}).update(v)
     return build(HirflowConfig, data)

@@ -39,5 +39,5 @@ def assert_same_state(a: dict, b: dict, rel: float = 1e-9) -> None:
             assert abs(acta[k][0] - actb[k][0]) <= rel * max(1.0, abs(acta[k][0])), (node, k)
         for k in ea:
             (wa, ta, ca, fa_), (wb, tb, cb, fb_) = ea[k], eb[k]
-            assert (ta, ca, fa_) == (tb, cb, fb_), (node, k)
+            assert (ta, ca, fa_) == (tb, cb, fb_), (node, k, ea[k], eb[k])
             assert abs(wa - wb) <= rel * max(1.0, abs(wa)), (node, k, wa, wb)

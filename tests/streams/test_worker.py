@@ -29,7 +29,7 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_nothing_twice(cfg, t
     evs = [e for e in items if isinstance(e, Engagement)]
     produce(cfg, items, progress=False)
     rnd = random.Random(5)
-    env = {"HIRFLOW_INGEST__BATCH_MAX": "700"}    # many commits, so kills land between and in them
+    env = {"HIRFLOW_INGEST__BATCH_MAX": "700", "HIRFLOW_GRAPH__TOP_K": str(cfg.graph.top_k)}    # many commits, so kills land between and in them
     applied_before = 0
     for round_ in range(3):
         w = WorkerProcess(cfg, tmp_path / "worker.log", env).start()

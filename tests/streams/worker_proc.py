@@ -66,6 +66,17 @@ class WorkerProcess:
         self.proc.wait(10)
 
     def stop(self) -> int:
+        """Graceful stop (SIGTERM) once the worker is fully up: before faust installs its signal
+        handlers a SIGTERM just ends the process, which is safe (see the kill -9 test) but not
+        the graceful path this asserts."""
+        deadline = time.monotonic() + 30
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if self.get("/health")[0] in (200, 503):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
