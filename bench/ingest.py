@@ -40,6 +40,7 @@ from streams import clients  # noqa: E402
 from streams.broker import EmbeddedBroker  # noqa: E402
 from streams.config import HirflowConfig  # noqa: E402
 from streams.ingest import IngestLoop  # noqa: E402
+from streams.runtime import tune_gc  # noqa: E402
 from streams.topics import Topics, ensure_topics  # noqa: E402
 
 T0 = 1_767_225_600_000
@@ -85,6 +86,7 @@ def raw_rate(cfg: HirflowConfig, n: int) -> float:
 
 
 def hirflow_rate(cfg: HirflowConfig, n: int, profile: bool = False) -> tuple[float, str]:
+    tune_gc()                       # as the worker process does
     path = Path(tempfile.mkdtemp(prefix="hirflow-bench-"))
     try:
         c = build(HirflowConfig, {**_as(cfg), "graph": {**_as(cfg)["graph"], "path": str(path)},

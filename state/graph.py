@@ -57,15 +57,16 @@ class GraphConfig:
     path: str = "var/state"            # RocksDB directory (one per worker)
     top_k: int = 128                   # adjacency bound per node (both directions together);
                                        # teacher views hold up to 128 nodes
-    trim_slack: int = 32               # live records may overshoot top_k by this between trims
+    trim_slack: int = 32               # a full node is trimmed to top_k - trim_slack edges
     cache_nodes: int = 200_000         # hot node records kept in memory (write-back cache)
     sync_writes: bool = False          # fsync each commit: survives power loss, not just kill -9
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.trim_slack < 0 or self.cache_nodes < 1:
-            raise ValueError("trim_slack must be >= 0 and cache_nodes >= 1")
+        if not 0 <= self.trim_slack < self.top_k or self.cache_nodes < 1:
+            raise ValueError(f"trim_slack must be in [0, top_k) and cache_nodes >= 1, got "
+                             f"trim_slack={self.trim_slack}, cache_nodes={self.cache_nodes}")
 
 
 @dataclass(frozen=True)

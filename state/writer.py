@@ -70,18 +70,18 @@ class GraphWriter:
         """Apply one engagement to the sides this worker owns; marks them dirty."""
         rate = self.rates[ev.action]
         dw = ev.w * self.signs[ev.action]
-        limit = self.config.top_k + self.config.trim_slack
+        limit, keep = self.config.top_k, self.config.top_k - self.config.trim_slack
         if sides & SRC_SIDE:
             s = self._node(ev.src)
             s.apply(ev.dst, ev.action, OUT, dw, ev.ts, rate)
             if len(s.edges) > limit:
-                self.evicted_edges += s.trim(self.config.top_k, self.rates)
+                self.evicted_edges += s.trim(keep, self.rates)
             self._touch(ev.src, ev.ts)
         if sides & DST_SIDE:
             d = self._node(ev.dst)
             d.apply(ev.src, ev.action, IN, dw, ev.ts, rate)
             if len(d.edges) > limit:
-                self.evicted_edges += d.trim(self.config.top_k, self.rates)
+                self.evicted_edges += d.trim(keep, self.rates)
             self._touch(ev.dst, ev.ts)
 
     def apply_batch(self, items: list[tuple[Engagement, int]]) -> None:
@@ -109,7 +109,8 @@ class GraphWriter:
                     a[3] = t
             a[2] += 1
         self.prefetch([n for (src, dst, _, _) in agg for n in (src, dst)])
-        cache, limit, top_k = self._cache, self.config.top_k + self.config.trim_slack, self.config.top_k
+        cache, limit = self._cache, self.config.top_k
+        keep = self.config.top_k - self.config.trim_slack
         touch = self._touch
         for (src, dst, action, sides), (w, tref, n, first, last) in agg.items():
             rate = rates[action]
@@ -117,13 +118,13 @@ class GraphWriter:
                 s = cache[src]
                 s.apply_sum(dst, action, OUT, w, tref, n, first, last, rate)
                 if len(s.edges) > limit:
-                    self.evicted_edges += s.trim(top_k, rates)
+                    self.evicted_edges += s.trim(keep, rates)
                 touch(src, first)
             if sides & DST_SIDE:
                 d = cache[dst]
                 d.apply_sum(src, action, IN, w, tref, n, first, last, rate)
                 if len(d.edges) > limit:
-                    self.evicted_edges += d.trim(top_k, rates)
+                    self.evicted_edges += d.trim(keep, rates)
                 touch(dst, first)
 
     def _touch(self, node_id: str, ts: int) -> None:
@@ -170,8 +171,6 @@ class GraphWriter:
         """Flush changed records + dirty markers + offsets in one batch; returns records written."""
         with self.lock:
             changed = [self._cache[n] for n in self._changed]
-            for s in changed:
-                self.evicted_edges += s.trim(self.config.top_k, self.rates)
             self.store.commit(nodes=changed, entities=self._entities_new.values(),
                               dirty_put=self._dirty_new, offsets=self._offsets_new,
                               reverse_marks=self._marks_new)

@@ -62,9 +62,11 @@ def test_any_permutation_gives_the_same_state(tmp_path_factory, events, rnd, bat
 
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.floats(0.1, 100.0), min_size=1, max_size=80, unique=True), st.randoms(),
-       st.integers(1, 12), st.integers(0, 5))
+       st.integers(2, 12), st.integers(0, 5))
 def test_top_k_keeps_the_k_heaviest(tmp_path_factory, weights, rnd, k, slack):
-    """One hub gets one click edge per weight; whatever the order, the K heaviest survive."""
+    """One hub gets one click edge per weight; whatever the order, the node holds at most K
+    edges and never loses one of the K - slack heaviest (trims go down to K - slack)."""
+    slack = min(slack, k - 1)
     evs = [Engagement(f"user:{i}", "ad:hub", "click", T0 + rnd.randrange(0, 10**6), w)
            for i, w in enumerate(weights)]
     rnd.shuffle(evs)
@@ -75,6 +77,9 @@ def test_top_k_keeps_the_k_heaviest(tmp_path_factory, weights, rnd, k, slack):
         kept = store.reader.neighbors("ad:hub")
         last = max(e.ts for e in evs)
         rate = store.rates["click"]
-        expect = sorted(evs, key=lambda e: -decay.value_at(e.w, e.ts, last, rate))[:k]
-        assert len(kept) == min(k, len(evs))
-        assert {e.neighbor for e in kept} == {e.src for e in expect}
+        ranked = sorted(evs, key=lambda e: -decay.value_at(e.w, e.ts, last, rate))
+        if len(evs) <= k:
+            assert len(kept) == len(evs)
+        else:
+            assert k - slack <= len(kept) <= k
+        assert {e.src for e in ranked[:k - slack]} <= {e.neighbor for e in kept}
