@@ -1,0 +1,176 @@
+"""Topology-aware attention: FlexAttention score/mask mods over packed views, and the dense
+reference (materialised bias + SDPA) that must give the same output.
+
+Each `generate_*` factory closes over small precomputed tensors (attention-gym style) and
+returns a closure with the fixed signature; the closure only indexes and adds. Bias terms:
+shortest-path distance, edge action, signed log edge weight, edge recency (from the per-view
+flat tables of `encoder.batching`) and node-type transition (from token types). All are
+learnable per head (`GraphBias`), so one set of weights serves every path:
+
+- flex, compiled: CUDA (training and inference) and CPU inference;
+- flex, eager: tests and environments without a compiler;
+- dense per view: CPU training (this torch has no FlexAttention backward on CPU);
+- dense packed S x S: reference for tests and the memory benchmark only.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from encoder.batching import PackedBatch, block_tables
+
+torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+
+
+class GraphBias(nn.Module):
+    """Learnable per-head bias tables, shared by every attention path (one set of weights)."""
+
+    def __init__(self, n_heads: int, n_spd: int, n_actions: int, recency_buckets: int,
+                 n_types: int) -> None:
+        super().__init__()
+        self.n_types = n_types
+        self.spd = nn.Parameter(torch.zeros(n_spd, n_heads))                 # (n_spd, H)
+        self.action = nn.Parameter(torch.zeros(n_actions + 1, n_heads))      # 0 = no edge
+        self.weight = nn.Parameter(torch.zeros(n_heads))                     # per unit log w
+        self.recency = nn.Parameter(torch.zeros(recency_buckets + 1, n_heads))
+        self.types = nn.Parameter(torch.zeros(n_types * n_types, n_heads))   # type(q) x type(kv)
+        for p in (self.spd, self.action, self.recency, self.types):
+            nn.init.normal_(p, std=0.02)
+
+
+# -- masks -------------------------------------------------------------------------------
+def generate_view_mask_mod(doc: torch.Tensor):
+    """Tokens attend only inside their own view (padding forms a view of its own)."""
+    def view_mask_mod(b, h, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+    view_mask_mod.__name__ = "view_mask_mod"
+    return view_mask_mod
+
+
+def build_block_mask(batch: PackedBatch, device) -> BlockMask:
+    """The view-diagonal BlockMask straight from the view offsets (no S x S evaluation)."""
+    kv_num, kv_idx, full_num, full_idx = (torch.from_numpy(a).to(device)[None, None]
+                                          for a in block_tables(batch))
+    S = batch.seq_len
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx,
+                                    BLOCK_SIZE=batch.block_size,
+                                    mask_mod=generate_view_mask_mod(batch.doc.to(device)),
+                                    seq_lengths=(S, S))
+
+
+# -- score mods ----------------------------------------------------------------------------
+def _pair_index(batch: PackedBatch):
+    doc, base, n, local = batch.doc, batch.tok_base, batch.tok_n, batch.local
+
+    def pair(q_idx, kv_idx):
+        same = doc[q_idx] == doc[kv_idx]
+        return torch.where(same, base[q_idx] + local[q_idx] * n[q_idx] + local[kv_idx], 0)
+    return pair
+
+
+def generate_spd_score_mod(batch: PackedBatch, table: torch.Tensor):
+    pair, spd = _pair_index(batch), batch.spd
+
+    def spd_score_mod(score, b, h, q_idx, kv_idx):
+        return score + table[spd[pair(q_idx, kv_idx)], h]
+    return spd_score_mod
+
+
+def generate_edge_score_mod(batch: PackedBatch, action: torch.Tensor, weight: torch.Tensor,
+                            recency: torch.Tensor):
+    pair, et, ew, er = _pair_index(batch), batch.etype, batch.eweight, batch.erec
+
+    def edge_score_mod(score, b, h, q_idx, kv_idx):
+        i = pair(q_idx, kv_idx)
+        return score + action[et[i], h] + ew[i] * weight[h] + recency[er[i], h]
+    return edge_score_mod
+
+
+def generate_type_score_mod(types: torch.Tensor, table: torch.Tensor, n_types: int):
+    def type_score_mod(score, b, h, q_idx, kv_idx):
+        return score + table[types[q_idx] * n_types + types[kv_idx], h]
+    return type_score_mod
+
+
+def compose_score_mods(*mods):
+    """Apply score mods in turn (each adds its bias)."""
+    def composed(score, b, h, q_idx, kv_idx):
+        for m in mods:
+            score = m(score, b, h, q_idx, kv_idx)
+        return score
+    composed.__name__ = "+".join(getattr(m, "__name__", "mod") for m in mods)
+    return composed
+
+
+def generate_graph_score_mod(batch: PackedBatch, bias: GraphBias):
+    return compose_score_mods(
+        generate_spd_score_mod(batch, bias.spd),
+        generate_edge_score_mod(batch, bias.action, bias.weight, bias.recency),
+        generate_type_score_mod(batch.type_ids, bias.types, bias.n_types))
+
+
+# -- dense references ------------------------------------------------------------------------
+def _bias_at(batch: PackedBatch, bias: GraphBias, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """Bias (..., H) for token index tensors q, kv of the same shape (the same formula)."""
+    same = batch.doc[q] == batch.doc[kv]
+    i = torch.where(same, batch.tok_base[q] + batch.local[q] * batch.tok_n[q] + batch.local[kv], 0)
+    return (bias.spd[batch.spd[i]] + bias.action[batch.etype[i]]
+            + batch.eweight[i][..., None] * bias.weight + bias.recency[batch.erec[i]]
+            + bias.types[batch.type_ids[q] * bias.n_types + batch.type_ids[kv]])
+
+
+def dense_packed_bias(batch: PackedBatch, bias: GraphBias) -> torch.Tensor:
+    """(H, S, S) materialised bias, -inf across views. Memory grows with S^2: reference only."""
+    S = batch.seq_len
+    ar = torch.arange(S, device=batch.doc.device)
+    q, kv = ar[:, None].expand(S, S), ar[None, :].expand(S, S)
+    b = _bias_at(batch, bias, q, kv).permute(2, 0, 1)
+    return b.masked_fill((batch.doc[q] != batch.doc[kv])[None], float("-inf"))
+
+
+def attend_dense_packed(q, k, v, batch: PackedBatch, bias: GraphBias) -> torch.Tensor:
+    """q, k, v (1, H, S, D) -> (1, H, S, D) with SDPA and the materialised bias."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=dense_packed_bias(batch, bias)[None])
+
+
+def attend_dense_per_view(q, k, v, batch: PackedBatch, bias: GraphBias) -> torch.Tensor:
+    """The same attention computed view by view, padded to the largest view: (V, H, n, n)
+    biases only, with a backward on every device (the CPU training path)."""
+    tok = batch.dense_tok                                     # (V, n)
+    valid = tok >= 0
+    t = tok.clamp(min=0)
+    qv, kv_, vv = (x[0][:, t].permute(1, 0, 2, 3) for x in (q, k, v))   # (V, H, n, D)
+    b = _bias_at(batch, bias, t[:, :, None].expand(-1, -1, t.shape[1]),
+                 t[:, None, :].expand(-1, t.shape[1], -1)).permute(0, 3, 1, 2)  # (V, H, n, n)
+    mask = valid[:, None, None, :] & valid[:, None, :, None]
+    b = b.masked_fill(~mask, float("-inf"))
+    b = b.masked_fill(~valid[:, None, :, None], 0.0)          # padded query rows: no NaN
+    out = F.scaled_dot_product_attention(qv, kv_, vv, attn_mask=b)     # (V, H, n, D)
+    full = torch.zeros_like(q[0]).permute(1, 0, 2)             # (S, H, D)
+    full = full.index_put((tok[valid],), out.permute(0, 2, 1, 3)[valid])
+    return full.permute(1, 0, 2)[None]
+
+
+@functools.lru_cache(maxsize=1)
+def compiled_flex():
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def attend_flex(q, k, v, batch: PackedBatch, bias: GraphBias, block_mask: BlockMask,
+                compiled: bool = True) -> torch.Tensor:
+    fn = compiled_flex() if compiled else flex_attention
+    return fn(q, k, v, score_mod=generate_graph_score_mod(batch, bias), block_mask=block_mask)
+
+
+def choose_backend(device: torch.device, training: bool, compile_ok: bool = True) -> str:
+    """flex_compiled on CUDA always and on CPU for inference; dense_per_view for CPU
+    training (no FlexAttention backward on CPU in this torch)."""
+    if device.type == "cuda":
+        return "flex_compiled"
+    if training:
+        return "dense_per_view"
+    return "flex_compiled" if compile_ok else "flex_eager"

@@ -1,0 +1,276 @@
+"""Packing sampled views into one block-masked sequence with small per-view tables.
+
+Views of different sizes are laid end to end (no attention across views, no padding except
+at the end, up to a length bucket so compiled kernels are reused). Graph structure travels as
+small per-view n x n tables in flat buffers (shortest-path distance, edge action, signed log
+weight, recency bucket); a token finds its pair's entry at ``base[view] + i * n + j``. So the
+packed S x S bias is never materialised on the flex path. Positional encodings: random-walk
+return probabilities (RWSE) and the hop from the anchor. The block mask is built straight
+from the view offsets (`BlockMask.from_kv_blocks`), not by evaluating a mask over S x S.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from state.views import N_STATS, View
+
+SEQ_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+_P = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    block_size: int = 128           # FlexAttention tile; sequence buckets are multiples of it
+    max_spd: int = 6                # distances above are "far"; one more index = unreachable
+    rwse_steps: int = 8             # k-step return probabilities as positional encoding
+    recency_buckets: int = 12       # log2(1 + hours) buckets of an edge's age
+    hash_count: int = 32            # k independent hashes of the node id (deep hash embedding)
+    hash_buckets: int = 1_000_003
+    hash_seed: int = 20211104       # fixed: hashes must mean the same in every process
+    knowledge_dim: int = 384        # MiniLM sentence vectors
+    image_dim: int = 64             # image embeddings are cut or zero-padded to this
+    seq_buckets: tuple[int, ...] = SEQ_BUCKETS
+
+    @property
+    def n_spd(self) -> int:
+        return self.max_spd + 2
+
+
+@lru_cache(maxsize=1 << 20)
+def _id_words(node_id: str) -> tuple[int, int]:
+    d = hashlib.blake2b(node_id.encode(), digest_size=8).digest()
+    return int.from_bytes(d[:4], "little") & 0x7FFFFFFF, int.from_bytes(d[4:], "little") & 0x7FFFFFFF
+
+
+@lru_cache(maxsize=8)
+def _hash_params(k: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, _P, size=(3, k), dtype=np.uint64)
+
+
+def hash_features(node_ids: Sequence[str], cfg: PackConfig) -> np.ndarray:
+    """(n, k) float32 in [-1, 1]: k universal hashes of each id, for the deep hash embedding
+    (Kang et al. 2021). Parameter memory does not depend on how many ids exist."""
+    a, b, c = _hash_params(cfg.hash_count, cfg.hash_seed)
+    x = np.array([_id_words(n) for n in node_ids], np.uint64).reshape(-1, 2)
+    h = ((a[None] * x[:, :1] % _P + b[None] * x[:, 1:] % _P + c[None]) % _P) % cfg.hash_buckets
+    return (h.astype(np.float64) / (cfg.hash_buckets - 1) * 2.0 - 1.0).astype(np.float32)
+
+
+def bucket_length(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} tokens exceed the largest sequence bucket {buckets[-1]}")
+
+
+def shortest_paths(n: int, src: np.ndarray, dst: np.ndarray, max_spd: int) -> np.ndarray:
+    """(n, n) int64 hop distances on the undirected view graph; max_spd + 1 = unreachable/far."""
+    a = np.zeros((n, n), np.float32)
+    a[src, dst] = 1.0
+    a[dst, src] = 1.0
+    dist = np.full((n, n), max_spd + 1, np.int64)
+    np.fill_diagonal(dist, 0)
+    reach = np.eye(n, dtype=np.float32)
+    seen = reach > 0
+    for d in range(1, max_spd + 1):
+        reach = ((reach @ a) > 0).astype(np.float32)
+        new = (reach > 0) & ~seen
+        if not new.any():
+            break
+        dist[new] = d
+        seen |= new
+    return dist
+
+
+def rwse(n: int, src: np.ndarray, dst: np.ndarray, steps: int) -> np.ndarray:
+    """(n, steps) float32: probability that a k-step random walk returns to its start."""
+    a = np.zeros((n, n), np.float32)
+    a[src, dst] = 1.0
+    a[dst, src] = 1.0
+    deg = a.sum(1, keepdims=True)
+    p = np.divide(a, deg, out=np.zeros_like(a), where=deg > 0)
+    out = np.zeros((n, steps), np.float32)
+    m = p
+    for k in range(steps):
+        out[:, k] = np.diagonal(m)
+        m = m @ p
+    return out
+
+
+def _edge_tables(v: View, cfg: PackConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pair (either direction): action of the heaviest edge (+1; 0 = none), its signed
+    log1p weight, and the recency bucket of the most recent edge (+1; 0 = none)."""
+    n = v.size
+    etype = np.zeros((n, n), np.int64)
+    eweight = np.zeros((n, n), np.float32)
+    erec = np.zeros((n, n), np.int64)
+    if len(v.edge_src):
+        order = np.argsort(np.abs(v.edge_weight), kind="stable")        # heaviest written last
+        s, d = v.edge_src[order], v.edge_dst[order]
+        w = v.edge_weight[order]
+        sw = np.sign(w) * np.log1p(np.abs(w))
+        for x, y in ((s, d), (d, s)):
+            etype[x, y] = v.edge_action[order].astype(np.int64) + 1
+            eweight[x, y] = sw
+        bucket = np.clip(np.floor(np.log2(1.0 + v.edge_age / 3600.0)), 0, cfg.recency_buckets - 1)
+        order = np.argsort(-v.edge_age, kind="stable")                  # most recent written last
+        s, d, bk = v.edge_src[order], v.edge_dst[order], bucket[order].astype(np.int64) + 1
+        erec[s, d] = bk
+        erec[d, s] = bk
+    return etype, eweight, erec
+
+
+@dataclass
+class PackedBatch:
+    """Tensors for one forward pass. S = bucketed total tokens, V = views, T = table entries.
+
+    doc (S,) int64 view of each token (V for padding); local (S,) index inside its view;
+    tok_base (S,) int64 where its view's tables start; tok_n (S,) its view's size;
+    anchor_pos (V,) token of each anchor; type_ids, hop (S,) int64; stats (S, N_STATS);
+    hash_x (S, k); rwse (S, steps); knowledge (S, Dk) + has_knowledge (S,); image (S, Di) +
+    has_image (S,); frequent (S,) bool; tables spd/etype/erec (T,) int64, eweight (T,) float.
+    Dense per-view layout: dense_tok (V, n_max) token index or -1.
+    """
+    doc: torch.Tensor
+    local: torch.Tensor
+    tok_base: torch.Tensor
+    tok_n: torch.Tensor
+    anchor_pos: torch.Tensor
+    type_ids: torch.Tensor
+    hop: torch.Tensor
+    stats: torch.Tensor
+    hash_x: torch.Tensor
+    rwse: torch.Tensor
+    knowledge: torch.Tensor
+    has_knowledge: torch.Tensor
+    image: torch.Tensor
+    has_image: torch.Tensor
+    frequent: torch.Tensor
+    spd: torch.Tensor
+    etype: torch.Tensor
+    eweight: torch.Tensor
+    erec: torch.Tensor
+    dense_tok: torch.Tensor
+    view_sizes: list[int] = field(default_factory=list)
+    block_size: int = 128
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.doc.shape[0])
+
+    @property
+    def n_views(self) -> int:
+        return len(self.view_sizes)
+
+    def to(self, device) -> "PackedBatch":
+        kw = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+              for k, v in self.__dict__.items()}
+        return PackedBatch(**kw)
+
+
+def pack(views: Sequence[View], cfg: PackConfig,
+         knowledge: Mapping[str, np.ndarray] | None = None,
+         images: Mapping[str, np.ndarray] | None = None) -> PackedBatch:
+    """Pack views (CPU, numpy) into tensors; `knowledge`/`images` map node id -> vector."""
+    if not views:
+        raise ValueError("pack needs at least one view")
+    sizes = [v.size for v in views]
+    total = sum(sizes)
+    S = bucket_length(total, cfg.seq_buckets)
+    V = len(views)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    tbl_sizes = np.array(sizes, np.int64) ** 2
+    tbl_starts = np.concatenate([[0], np.cumsum(tbl_sizes)[:-1]]).astype(np.int64)
+    T = max(1024, 1 << int(np.ceil(np.log2(max(1, tbl_sizes.sum())))))   # pow2 bucket
+
+    doc = np.full(S, V, np.int64)
+    local = np.zeros(S, np.int64)
+    tok_base = np.zeros(S, np.int64)
+    tok_n = np.ones(S, np.int64)
+    type_ids = np.zeros(S, np.int64)
+    hop = np.zeros(S, np.int64)
+    stats = np.zeros((S, N_STATS), np.float32)
+    rw = np.zeros((S, cfg.rwse_steps), np.float32)
+    spd = np.zeros(T, np.int64)
+    etype = np.zeros(T, np.int64)
+    eweight = np.zeros(T, np.float32)
+    erec = np.zeros(T, np.int64)
+    n_max = max(sizes)
+    dense_tok = np.full((V, n_max), -1, np.int64)
+    ids: list[str] = []
+    for i, v in enumerate(views):
+        n, s0, t0 = v.size, starts[i], tbl_starts[i]
+        sl = slice(s0, s0 + n)
+        doc[sl], local[sl], tok_base[sl], tok_n[sl] = i, np.arange(n), t0, n
+        type_ids[sl], hop[sl], stats[sl] = v.types, v.hop, v.stats
+        rw[sl] = rwse(n, v.edge_src, v.edge_dst, cfg.rwse_steps)
+        spd[t0:t0 + n * n] = shortest_paths(n, v.edge_src, v.edge_dst, cfg.max_spd).ravel()
+        et, ew, er = _edge_tables(v, cfg)
+        etype[t0:t0 + n * n], eweight[t0:t0 + n * n], erec[t0:t0 + n * n] = et.ravel(), ew.ravel(), er.ravel()
+        dense_tok[i, :n] = np.arange(s0, s0 + n)
+        ids.extend(v.nodes)
+    hash_x = np.zeros((S, cfg.hash_count), np.float32)
+    hash_x[:total] = hash_features(ids, cfg)
+    kn = np.zeros((S, cfg.knowledge_dim), np.float32)
+    has_kn = np.zeros(S, bool)
+    im = np.zeros((S, cfg.image_dim), np.float32)
+    has_im = np.zeros(S, bool)
+    for j, n in enumerate(ids):
+        if knowledge is not None and (vec := knowledge.get(n)) is not None:
+            kn[j, :len(vec)] = vec[:cfg.knowledge_dim]
+            has_kn[j] = True
+        if images is not None and (vec := images.get(n)) is not None:
+            vec = np.asarray(vec, np.float32)[:cfg.image_dim]
+            im[j, :len(vec)] = vec
+            has_im[j] = True
+    t = torch.from_numpy
+    return PackedBatch(
+        doc=t(doc), local=t(local), tok_base=t(tok_base), tok_n=t(tok_n),
+        anchor_pos=t(starts.copy()), type_ids=t(type_ids), hop=t(np.minimum(hop, 15)),
+        stats=t(stats), hash_x=t(hash_x), rwse=t(rw), knowledge=t(kn), has_knowledge=t(has_kn),
+        image=t(im), has_image=t(has_im), frequent=t(stats[:, N_STATS - 1] > 0.5),
+        spd=t(spd), etype=t(etype), eweight=t(eweight), erec=t(erec), dense_tok=t(dense_tok),
+        view_sizes=list(sizes), block_size=cfg.block_size)
+
+
+def block_tables(batch: PackedBatch) -> tuple[np.ndarray, ...]:
+    """kv block tables of the view-diagonal mask, from the view offsets alone.
+
+    Returns (kv_num, kv_idx, full_num, full_idx): per q tile, the partial tiles (mask needed)
+    and the full tiles (q and kv tile both inside one view) it attends to. Shapes are fixed per
+    sequence bucket (nb and nb x nb), so compiled kernels see the same shapes every batch.
+    """
+    S, B = batch.seq_len, batch.block_size
+    nb = S // B
+    sizes = np.array(batch.view_sizes + [S - sum(batch.view_sizes)], np.int64)
+    sizes = sizes[sizes > 0]
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    doc = np.repeat(np.arange(len(sizes)), sizes)                       # padding = last "view"
+    tile0 = np.arange(nb) * B
+    d_first, d_last = doc[tile0], doc[tile0 + B - 1]
+    lo = starts[d_first] // B
+    hi = (ends[d_last] - 1) // B
+    cand = lo[:, None] + np.arange(nb)[None, :]
+    valid = cand <= hi[:, None]
+    cand = np.minimum(cand, nb - 1)
+    single_q = d_first == d_last
+    kv_single = doc[cand * B] == doc[cand * B + B - 1]
+    full = valid & single_q[:, None] & kv_single & (doc[cand * B] == d_first[:, None])
+    part = valid & ~full
+
+    def compact(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(~sel, axis=1, kind="stable")
+        idx = np.take_along_axis(cand, order, axis=1).astype(np.int32)
+        return sel.sum(1).astype(np.int32), idx
+
+    kv_num, kv_idx = compact(part)
+    full_num, full_idx = compact(full)
+    return kv_num, kv_idx, full_num, full_idx

@@ -1,0 +1,50 @@
+"""Node features -> token embeddings.
+
+Every token gets its node type and behavioural stats; nodes with enough events also get a
+deep hash embedding of their id (k universal hashes -> a small dense network; Kang et al.
+2021), so parameter memory does not grow with the number of ids; rare and unseen nodes fall
+back to type + world knowledge + stats. World knowledge (MiniLM text vectors) and image
+embeddings are projected into the same space when present.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from encoder.batching import PackedBatch
+from state.views import N_STATS
+
+
+class DeepHashEmbedding(nn.Module):
+    """(S, k) hash features in [-1, 1] -> (S, d). Parameters: O(k * hidden + hidden * d)."""
+
+    def __init__(self, k: int, hidden: int, d: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(k, hidden), nn.Mish(), nn.Linear(hidden, hidden),
+                                 nn.Mish(), nn.Linear(hidden, d))
+
+    def forward(self, hash_x: torch.Tensor) -> torch.Tensor:
+        return self.net(hash_x)
+
+
+class NodeFeatures(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.type_emb = nn.Embedding(cfg.n_types, d)
+        self.hop_emb = nn.Embedding(16, d)
+        self.stats = nn.Linear(N_STATS, d)
+        self.dhe = DeepHashEmbedding(cfg.pack.hash_count, cfg.dhe_hidden, d)
+        self.knowledge = nn.Linear(cfg.pack.knowledge_dim, d)
+        self.image = nn.Linear(cfg.pack.image_dim, d)
+        self.rwse = nn.Linear(cfg.pack.rwse_steps, d)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, b: PackedBatch) -> torch.Tensor:
+        """-> (S, d) token embeddings."""
+        x = self.type_emb(b.type_ids) + self.hop_emb(b.hop) + self.stats(b.stats)
+        x = x + self.rwse(b.rwse)
+        x = x + self.dhe(b.hash_x) * b.frequent[:, None]                 # frequent ids only
+        x = x + self.knowledge(b.knowledge) * b.has_knowledge[:, None]
+        x = x + self.image(b.image) * b.has_image[:, None]
+        return self.norm(x)

@@ -1,0 +1,141 @@
+"""The hierarchical encoder: pre-norm graph transformer over packed views.
+
+Outputs, per view, the anchor's L2-normalised embedding and assignment logits over the
+prototypes of each hierarchy level (coarse to fine). Levels form a tree: fine primitive j
+has parent ``j * K_l // K_fine`` at level l, and a coarse primitive is the normalised mean of
+its children, so every primitive lives in the node embedding space and a node's coarse
+assignment follows its fine one. `forward` takes tensors only (a `PackedBatch`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from encoder import attention as A
+from encoder.batching import PackConfig, PackedBatch
+from encoder.features import NodeFeatures
+from state.schema import SchemaConfig
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    n_types: int = 6                # from the schema (see `for_schema`)
+    n_actions: int = 9
+    d_model: int = 64               # small: CPU inference must reach thousands of nodes/s
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 128
+    d_emb: int = 64                 # output embedding (and prototype) dimension
+    dhe_hidden: int = 128
+    levels: tuple[int, ...] = (16, 128, 1024)   # prototypes per level, coarse to fine
+    temperature: float = 0.1        # assignment softmax temperature (cosine logits / T)
+    dropout: float = 0.0
+    compile: bool = True            # compiled FlexAttention where it applies
+    pack: PackConfig = field(default_factory=PackConfig)
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
+        if list(self.levels) != sorted(self.levels) or len(self.levels) < 1:
+            raise ValueError(f"levels must be increasing (coarse to fine), got {self.levels}")
+
+    @classmethod
+    def for_schema(cls, schema: SchemaConfig, **kw) -> "EncoderConfig":
+        return cls(n_types=len(schema.all_node_types), n_actions=len(schema.all_actions), **kw)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EncoderConfig":
+        d = dict(d)
+        d["levels"] = tuple(d["levels"])
+        p = dict(d.pop("pack"))
+        p["seq_buckets"] = tuple(p["seq_buckets"])
+        return cls(pack=PackConfig(**p), **d)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.h, self.d = cfg.n_heads, cfg.d_model
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(),
+                                 nn.Linear(cfg.d_ff, cfg.d_model))
+        self.drop = nn.Dropout(cfg.dropout)
+        self.bias = A.GraphBias(cfg.n_heads, cfg.pack.n_spd, cfg.n_actions,
+                                cfg.pack.recency_buckets, cfg.n_types)
+
+    def forward(self, x: torch.Tensor, b: PackedBatch, backend: str, block_mask) -> torch.Tensor:
+        S = x.shape[0]
+        q, k, v = self.qkv(self.ln1(x)).view(S, 3, self.h, self.d // self.h).permute(1, 2, 0, 3)
+        q, k, v = q[None], k[None], v[None]                       # (1, H, S, hd)
+        if backend == "dense_per_view":
+            y = A.attend_dense_per_view(q, k, v, b, self.bias)
+        elif backend == "dense_packed":
+            y = A.attend_dense_packed(q, k, v, b, self.bias)
+        else:
+            y = A.attend_flex(q, k, v, b, self.bias, block_mask, compiled=backend == "flex_compiled")
+        y = y[0].permute(1, 0, 2).reshape(S, self.d)               # (S, d)
+        x = x + self.drop(self.proj(y))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class HierarchicalEncoder(nn.Module):
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.features = NodeFeatures(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.d_emb)
+        k_fine = cfg.levels[-1]
+        self.prototypes = nn.Parameter(F.normalize(torch.randn(k_fine, cfg.d_emb), dim=-1))
+        for i, k in enumerate(cfg.levels):
+            self.register_buffer(f"parent_{i}", torch.arange(k_fine) * k // k_fine, persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.prototypes.device
+
+    def backend(self, training: bool | None = None) -> str:
+        training = self.training and torch.is_grad_enabled() if training is None else training
+        return A.choose_backend(self.device, training, self.cfg.compile)
+
+    def level_prototypes(self) -> list[torch.Tensor]:
+        """Unit prototypes per level (coarse to fine); coarse = normalised mean of children."""
+        fine = F.normalize(self.prototypes, dim=-1)
+        out = []
+        for i, k in enumerate(self.cfg.levels):
+            parent = getattr(self, f"parent_{i}")
+            sums = torch.zeros(k, fine.shape[1], device=fine.device, dtype=fine.dtype)
+            out.append(F.normalize(sums.index_add(0, parent, fine), dim=-1))
+        return out
+
+    def parents(self, level: int) -> torch.Tensor:
+        """(K_fine,) index of each fine primitive's ancestor at `level`."""
+        return getattr(self, f"parent_{level}")
+
+    def forward(self, b: PackedBatch, backend: str | None = None):
+        """-> emb (V, d_emb) unit vectors, logits: list of (V, K_l) per level."""
+        backend = backend or self.backend()
+        block_mask = A.build_block_mask(b, self.device) if backend.startswith("flex") else None
+        x = self.features(b)
+        for blk in self.blocks:
+            x = blk(x, b, backend, block_mask)
+        emb = F.normalize(self.head(self.ln_f(x[b.anchor_pos])), dim=-1)   # (V, d_emb)
+        logits = [emb @ p.T / self.cfg.temperature for p in self.level_prototypes()]
+        return emb, logits
+
+    def assign(self, emb: torch.Tensor) -> torch.Tensor:
+        """(V, levels) primitive per level: fine by argmax, coarser as its ancestors, so the
+        assignments always form a path in the tree."""
+        fine = (emb @ F.normalize(self.prototypes, dim=-1).T).argmax(-1)
+        return torch.stack([self.parents(i)[fine] for i in range(len(self.cfg.levels))], dim=-1)
