@@ -4,6 +4,7 @@ Column families (all keys are `state.keys` node keys unless said otherwise):
 
 - ``nodes``     node key -> `NodeState` record (stats + bounded adjacency, both directions)
 - ``entities``  node key -> entity record (text, attrs, image embedding; newest ts wins)
+- ``knowledge`` node key -> world-knowledge text vector (float32 bytes, MiniLM 384-d)
 - ``dirty``     node key -> [node id, oldest event ts not yet refreshed]
 - ``meta``      ``schema_version``, ``num_partitions`` and consumed offsets
                 (``o:<topic>:<partition>``) plus reverse-record high marks (``r:...``)
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 import msgpack
+import numpy as np
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from state.decay import value_at
@@ -33,7 +35,7 @@ from state.schema import SchemaConfig
 log = logging.getLogger(__name__)
 
 STORE_SCHEMA_VERSION = 1
-COLUMN_FAMILIES = ("nodes", "entities", "dirty", "meta")
+COLUMN_FAMILIES = ("nodes", "entities", "knowledge", "dirty", "meta")
 
 
 class StoreError(RuntimeError):
@@ -166,7 +168,8 @@ class GraphStore:
     def commit(self, nodes: Iterable[NodeState] = (), entities: Iterable[Entity] = (),
                dirty_put: Mapping[str, int] | None = None, dirty_del: Iterable[str] = (),
                offsets: Mapping[tuple[str, int], int] | None = None,
-               reverse_marks: Mapping[tuple[int, int], int] | None = None) -> None:
+               reverse_marks: Mapping[tuple[int, int], int] | None = None,
+               knowledge: Mapping[str, np.ndarray] | None = None) -> None:
         """Write everything in one atomic, durable batch (offsets included)."""
         wb = WriteBatch(raw_mode=True)
         key = self.keys.key
@@ -175,6 +178,8 @@ class GraphStore:
             wb.put(key(s.id), s.pack(), h["nodes"])
         for e in entities:
             wb.put(key(e.node), _pack_entity(e), h["entities"])
+        for node_id, vec in (knowledge or {}).items():
+            wb.put(key(node_id), np.asarray(vec, np.float32).tobytes(), h["knowledge"])
         for node_id, ts in (dirty_put or {}).items():
             wb.put(key(node_id), msgpack.packb([node_id, ts]), h["dirty"])
         for node_id in dirty_del:
@@ -275,6 +280,13 @@ class GraphReader:
     def entity(self, node_id: str) -> Entity | None:
         raw = self._cf["entities"].get(self._key(node_id))
         return None if raw is None else _unpack_entity(raw)
+
+    def knowledge(self, node_ids: list[str]) -> dict[str, np.ndarray]:
+        """Text vectors of the nodes that have one (one multi-get)."""
+        if not node_ids:
+            return {}
+        raws = self._cf["knowledge"].get([self._key(n) for n in node_ids])
+        return {n: np.frombuffer(r, np.float32) for n, r in zip(node_ids, raws) if r is not None}
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """Last applied offset per (topic, partition)."""

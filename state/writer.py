@@ -41,6 +41,7 @@ class GraphWriter:
         self.reverse_marks: dict[tuple[int, int], int] = store.reader.reverse_marks()
         self._marks_new: dict[tuple[int, int], int] = {}
         self._entities_new: dict[str, Entity] = {}
+        self._knowledge_new: dict = {}
         self.lock = threading.RLock()   # the knowledge agent commits from another thread
         self.evicted_edges = 0
 
@@ -148,6 +149,11 @@ class GraphWriter:
                 self._dirty_new[ent.node] = ent.ts
             return True
 
+    def set_knowledge(self, node_id: str, vector) -> None:
+        """Store a world-knowledge vector (written with the next commit)."""
+        with self.lock:
+            self._knowledge_new[node_id] = vector
+
     # -- offsets --------------------------------------------------------------------------
     def applied(self, topic: str, partition: int, offset: int) -> None:
         """Record that everything up to `offset` of this partition is in memory state."""
@@ -173,8 +179,9 @@ class GraphWriter:
             changed = [self._cache[n] for n in self._changed]
             self.store.commit(nodes=changed, entities=self._entities_new.values(),
                               dirty_put=self._dirty_new, offsets=self._offsets_new,
-                              reverse_marks=self._marks_new)
+                              reverse_marks=self._marks_new, knowledge=self._knowledge_new)
             n = len(changed) + len(self._entities_new)
+            self._knowledge_new = {}
             self._changed.clear()
             self._dirty_new = {}
             self._offsets_new = {}
@@ -206,6 +213,7 @@ class GraphWriter:
             self._offsets_new = {}
             self._marks_new = {}
             self._entities_new = {}
+            self._knowledge_new = {}
             self.dirty = self.store.reader.dirty()
             self.offsets = self.store.reader.offsets()
             self.reverse_marks = self.store.reader.reverse_marks()

@@ -49,6 +49,7 @@ class WorkerConfig:
     metrics_interval_s: float = 5.0
     log_format: str = "text"            # text or json
     log_level: str = "INFO"
+    knowledge: bool = True              # encode entity texts into world-knowledge vectors
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < self.count:

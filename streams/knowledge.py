@@ -3,7 +3,8 @@
 A faust agent, since `hirflow.entities` is low-volume and compacted. Each worker reads every
 entity partition in its own group (like a global table) and keeps the nodes it owns; the
 upsert keeps the newest `ts` per node, so a replay is harmless, and the offset is stored in
-the same RocksDB batch as the entity.
+the same RocksDB batch as the entity. Texts become world-knowledge vectors (MiniLM, batched)
+stored beside the entity.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     @app.agent(topic, name="hirflow-knowledge")
     async def knowledge(stream):
         loop = asyncio.get_running_loop()
-        async for event in stream.events():
-            m = event.message
-            ts = int(m.timestamp * 1000) if m.timestamp else 0
-            await loop.run_in_executor(None, runtime.apply_entity, m.topic, m.partition,
-                                       m.offset, m.key, m.value, ts)
+        async for events in stream.take_events(256, within=0.2):   # texts encode in batches
+            records = [(e.message.topic, e.message.partition, e.message.offset, e.message.key,
+                        e.message.value, int(e.message.timestamp * 1000) if e.message.timestamp else 0)
+                       for e in events]
+            await loop.run_in_executor(None, runtime.apply_entities, records)

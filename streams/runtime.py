@@ -28,6 +28,14 @@ def tune_gc() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
+def _text_encoder(enabled: bool):
+    """The MiniLM text encoder, or None when world knowledge is switched off."""
+    if not enabled:
+        return None
+    from encoder.knowledge import TextEncoder
+    return TextEncoder()
+
+
 class WorkerRuntime:
     def __init__(self, cfg: HirflowConfig) -> None:
         tune_gc()
@@ -46,6 +54,7 @@ class WorkerRuntime:
         self._thread: threading.Thread | None = None
         self._entity_producer = None
         self._entity_dead: DeadLetters | None = None
+        self.text_encoder = _text_encoder(cfg.worker.knowledge)
 
     # -- ingest thread --------------------------------------------------------------------
     def start_ingest(self) -> None:
@@ -74,31 +83,42 @@ class WorkerRuntime:
             self.ingest.close()
 
     # -- entities (called by the faust agent, in an executor thread) -----------------------
-    def apply_entity(self, topic: str, partition: int, offset: int, key: bytes | None,
-                     value: bytes | None, timestamp: int) -> str:
-        """Apply one entity record; returns "applied", "skipped", "foreign" or the DLQ reason."""
-        if offset <= self.writer.stored_offset(topic, partition):
-            EVENTS_SKIPPED.labels(topic).inc()
-            return "skipped"
-        EVENTS_CONSUMED.labels(topic).inc()
-        outcome = "applied"
+    def apply_entities(self, records: list[tuple[str, int, int, bytes | None, bytes | None, int]]) -> list[str]:
+        """Apply a batch of entity records (topic, partition, offset, key, value, timestamp);
+        texts are encoded in one batch. Returns per record "applied", "skipped", "foreign" or
+        the dead-letter reason."""
+        outcomes: list[str] = []
+        fresh = []
         with self.writer.lock:
-            try:
-                ent = self.validator.decode_entity(value)
-                if self.store.keys.partition(ent.node) in self.owned:
-                    self.writer.upsert_entity(ent)
-                    EVENTS_APPLIED.labels(topic).inc()
-                else:
-                    outcome = "foreign"      # another worker owns this node's key range
-            except EventError as exc:
-                outcome = exc.reason
-                self._dead_letters().send_raw(topic, partition, offset, key, value, timestamp,
-                                              exc.reason, exc.detail)
-                if self._entity_producer.flush(30):
-                    raise RuntimeError("dead letter for an entity was not acknowledged")
-            self.writer.applied(topic, partition, offset)
+            for topic, partition, offset, key, value, timestamp in records:
+                if offset <= self.writer.stored_offset(topic, partition):
+                    EVENTS_SKIPPED.labels(topic).inc()
+                    outcomes.append("skipped")
+                    continue
+                EVENTS_CONSUMED.labels(topic).inc()
+                try:
+                    ent = self.validator.decode_entity(value)
+                    if self.store.keys.partition(ent.node) not in self.owned:
+                        outcomes.append("foreign")    # another worker owns this node's range
+                    elif self.writer.upsert_entity(ent):
+                        fresh.append(ent)
+                        outcomes.append("applied")
+                        EVENTS_APPLIED.labels(topic).inc()
+                    else:
+                        outcomes.append("applied")    # older than what is stored: no-op
+                except EventError as exc:
+                    outcomes.append(exc.reason)
+                    self._dead_letters().send_raw(topic, partition, offset, key, value, timestamp,
+                                                  exc.reason, exc.detail)
+                self.writer.applied(topic, partition, offset)
+            texts = [e for e in fresh if e.text]
+            if texts and self.text_encoder is not None:
+                for ent, vec in zip(texts, self.text_encoder.encode([e.text for e in texts])):
+                    self.writer.set_knowledge(ent.node, vec)
+            if self._entity_producer is not None and self._entity_producer.flush(30):
+                raise RuntimeError("dead letters for entities were not acknowledged")
             self.writer.commit()
-        return outcome
+        return outcomes
 
     def _dead_letters(self) -> DeadLetters:
         if self._entity_dead is None:

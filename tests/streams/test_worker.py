@@ -29,7 +29,8 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_nothing_twice(cfg, t
     evs = [e for e in items if isinstance(e, Engagement)]
     produce(cfg, items, progress=False)
     rnd = random.Random(5)
-    env = {"HIRFLOW_INGEST__BATCH_MAX": "700", "HIRFLOW_GRAPH__TOP_K": str(cfg.graph.top_k)}    # many commits, so kills land between and in them
+    env = {"HIRFLOW_INGEST__BATCH_MAX": "700", "HIRFLOW_GRAPH__TOP_K": str(cfg.graph.top_k),
+           "HIRFLOW_WORKER__KNOWLEDGE": "false"}      # restarts stay quick without MiniLM    # many commits, so kills land between and in them
     applied_before = 0
     for round_ in range(3):
         w = WorkerProcess(cfg, tmp_path / "worker.log", env).start()
@@ -80,5 +81,7 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path):
         assert w.stop() == 0
     with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
         assert store.reader.entity("ad:7").text == "trail running shoes"
+        vec = store.reader.knowledge(["ad:7"])["ad:7"]             # MiniLM world knowledge
+        assert vec.shape == (384,) and abs(float(vec @ vec) - 1.0) < 1e-3
         assert store.reader.entity("ad:8") is None
         assert {"user:1", "ad:7"} <= set(store.reader.dirty())

@@ -1,0 +1,93 @@
+"""Bag-of-Meaning tokens: composite (residual) quantization of embeddings with faiss.
+
+M codebooks of 2^nbits codes each; a node's tokens are its M codes, made globally unique
+and stable as ``m * 2^nbits + code`` (an unordered bag). Codebooks travel in the checkpoint,
+so every worker encodes the same embedding into the same tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+
+
+@dataclass(frozen=True)
+class QuantizerConfig:
+    m: int = 8                 # codebooks = tokens per node
+    nbits: int = 8             # 256 codes per codebook
+    train_size: int = 65_536   # embeddings sampled for training
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.m <= 64 or not 1 <= self.nbits <= 16:
+            raise ValueError(f"m must be in 1..64 and nbits in 1..16, got {self.m}, {self.nbits}")
+
+
+class BoMQuantizer:
+    def __init__(self, d: int, cfg: QuantizerConfig) -> None:
+        self.d, self.cfg = d, cfg
+        self.rq = faiss.ResidualQuantizer(d, cfg.m, cfg.nbits)
+        self.rq.max_beam_size = 4
+
+    @property
+    def trained(self) -> bool:
+        return bool(self.rq.is_trained)
+
+    def train(self, x: np.ndarray) -> "BoMQuantizer":
+        x = np.ascontiguousarray(x, np.float32)
+        if len(x) > self.cfg.train_size:
+            idx = np.random.default_rng(self.cfg.seed).choice(len(x), self.cfg.train_size, replace=False)
+            x = x[np.sort(idx)]
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)          # k-means sums in one order: reproducible codebooks
+        try:
+            self.rq.train(x)
+        finally:
+            faiss.omp_set_num_threads(threads)
+        return self
+
+    def codes(self, x: np.ndarray) -> np.ndarray:
+        """(n, M) int64 code per codebook."""
+        packed = self.rq.compute_codes(np.ascontiguousarray(x, np.float32))
+        return unpack_codes(packed, self.cfg.m, self.cfg.nbits)
+
+    def tokens(self, x: np.ndarray) -> np.ndarray:
+        """(n, M) int64 stable tokens: m * 2^nbits + code."""
+        return self.codes(x) + (np.arange(self.cfg.m, dtype=np.int64) << self.cfg.nbits)[None]
+
+    def decode_tokens(self, tokens: np.ndarray) -> np.ndarray:
+        codes = tokens - (np.arange(self.cfg.m, dtype=np.int64) << self.cfg.nbits)[None]
+        return self.decode(codes)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        return self.codebooks_array()[np.arange(self.cfg.m)[None], codes].sum(1)
+
+    def reconstruction_error(self, x: np.ndarray) -> float:
+        """Mean squared error relative to mean squared norm (0 = exact)."""
+        x = np.asarray(x, np.float32)
+        r = self.decode(self.codes(x))
+        return float(((x - r) ** 2).sum(1).mean() / max(1e-12, (x ** 2).sum(1).mean()))
+
+    def codebooks_array(self) -> np.ndarray:
+        """(M, 2^nbits, d) float32."""
+        cb = faiss.vector_to_array(self.rq.codebooks)
+        return cb.reshape(self.cfg.m, 1 << self.cfg.nbits, self.d)
+
+    @classmethod
+    def from_codebooks(cls, codebooks: np.ndarray, cfg: QuantizerConfig) -> "BoMQuantizer":
+        m, k, d = codebooks.shape
+        if m != cfg.m or k != 1 << cfg.nbits:
+            raise ValueError(f"codebooks of shape {codebooks.shape} do not match m={cfg.m}, nbits={cfg.nbits}")
+        q = cls(d, cfg)
+        faiss.copy_array_to_vector(np.ascontiguousarray(codebooks, np.float32).ravel(), q.rq.codebooks)
+        q.rq.is_trained = True
+        q.rq.compute_codebook_tables()
+        return q
+
+
+def unpack_codes(packed: np.ndarray, m: int, nbits: int) -> np.ndarray:
+    """faiss packs codes LSB-first into bytes; unpack to (n, m) int64."""
+    bits = np.unpackbits(packed, axis=1, bitorder="little")[:, :m * nbits]
+    weights = (1 << np.arange(nbits, dtype=np.int64))
+    return (bits.reshape(len(packed), m, nbits).astype(np.int64) * weights).sum(-1)

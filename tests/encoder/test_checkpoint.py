@@ -1,0 +1,64 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from encoder.checkpoint import CheckpointError, load, load_into, save
+from encoder.model import EncoderConfig, HierarchicalEncoder
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return HierarchicalEncoder(EncoderConfig(levels=(4, 16), compile=False))
+
+
+def manifest(m):
+    return {"parent": None, "config": m.cfg.to_dict(), "seed": 0, "data_window": [0, 1],
+            "metrics": {"loss": 1.5}}
+
+
+def test_round_trip_is_exact_and_deterministic(tmp_path):
+    m = model()
+    cb = np.random.default_rng(0).standard_normal((4, 16, 64)).astype(np.float32)
+    p1 = save(tmp_path / "a", m.state_dict(), manifest(m), cb)
+    p2 = save(tmp_path / "b", m.state_dict(), manifest(m), cb)
+    assert p1.name == p2.name                                   # content-derived id
+    for f in ("weights.safetensors", "quantizer.safetensors", "manifest.json"):
+        assert (p1 / f).read_bytes() == (p2 / f).read_bytes()
+    ck = load(p1)
+    m2 = HierarchicalEncoder(EncoderConfig.from_dict(ck.manifest["config"]))
+    load_into(m2, ck)
+    for (k, a), (_, b) in zip(m.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert np.array_equal(ck.codebooks, cb)
+    assert not list(tmp_path.glob("*/.tmp-*"))                  # nothing half-written left
+
+
+def test_flipped_byte_truncation_and_edits_are_refused(tmp_path):
+    m = model()
+    p = save(tmp_path, m.state_dict(), manifest(m))
+    w = p / "weights.safetensors"
+    data = bytearray(w.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    w.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="weights.safetensors sha256"):
+        load(p)
+    data[len(data) // 2] ^= 0x01
+    w.write_bytes(bytes(data[:-10]))
+    with pytest.raises(CheckpointError, match="tampered or truncated"):
+        load(p)
+    w.write_bytes(bytes(data))
+    load(p)
+    man = json.loads((p / "manifest.json").read_text())
+    man["metrics"]["loss"] = 0.1
+    (p / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(CheckpointError, match="id does not match"):
+        load(p)
+
+
+def test_mismatched_model_is_refused(tmp_path):
+    p = save(tmp_path, model().state_dict(), manifest(model()))
+    other = HierarchicalEncoder(EncoderConfig(levels=(4, 32), compile=False))
+    with pytest.raises(CheckpointError, match="shape"):
+        load_into(other, load(p))

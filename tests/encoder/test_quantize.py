@@ -1,0 +1,30 @@
+import numpy as np
+
+from encoder.quantize import BoMQuantizer, QuantizerConfig
+
+
+def data(n=3000, d=32, seed=0):
+    x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_tokens_are_stable_unique_per_codebook_and_survive_a_codebook_round_trip():
+    x = data()
+    q = BoMQuantizer(32, QuantizerConfig(m=4, nbits=5)).train(x)
+    tok = q.tokens(x)
+    assert tok.shape == (3000, 4) and tok.dtype == np.int64
+    for m in range(4):                                          # codebook m owns its id range
+        assert ((tok[:, m] >> 5) == m).all()
+    q2 = BoMQuantizer.from_codebooks(q.codebooks_array(), q.cfg)
+    assert (q2.tokens(x) == tok).all()
+    assert np.allclose(q.decode_tokens(tok), q.decode(q.codes(x)))
+
+
+def test_reconstruction_improves_with_more_codebooks_and_training_is_reproducible():
+    x = data()
+    errs = [BoMQuantizer(32, QuantizerConfig(m=m, nbits=5)).train(x).reconstruction_error(x)
+            for m in (1, 2, 4)]
+    assert errs[0] > errs[1] > errs[2] and errs[2] < 0.8
+    a = BoMQuantizer(32, QuantizerConfig(m=2, nbits=5)).train(x).codebooks_array()
+    b = BoMQuantizer(32, QuantizerConfig(m=2, nbits=5)).train(x).codebooks_array()
+    assert np.array_equal(a, b)

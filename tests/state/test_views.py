@@ -1,0 +1,56 @@
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from state.events import Engagement
+from state.graph import GraphConfig, GraphStore
+from state.schema import SchemaConfig
+from state.views import STUDENT, TEACHER, ViewSampler
+from tests.state.helpers import apply_direct
+
+T0 = 1_767_225_600_000
+DAY = 86_400_000
+
+
+def world(rng, n_users=30, n_ads=20, n=600):
+    return [Engagement(f"user:{rng.integers(n_users)}", f"ad:{rng.integers(n_ads)}",
+                       str(rng.choice(["impression", "click", "conversion"])),
+                       int(T0 + rng.integers(0, 30 * DAY))) for _ in range(n)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 30))
+def test_no_edge_newer_than_the_cutoff(tmp_path_factory, seed, cutoff_day):
+    rng = np.random.default_rng(seed)
+    evs = world(rng)
+    cutoff = T0 + cutoff_day * DAY
+    first_seen = {}
+    for e in evs:
+        k = (e.src, e.dst, e.action)
+        first_seen[k] = min(first_seen.get(k, e.ts), e.ts)
+    path = tmp_path_factory.mktemp("views")
+    with GraphStore(path, SchemaConfig(), 4) as store:
+        apply_direct(store, evs, GraphConfig(path=str(path)))
+        actions = sorted(SchemaConfig().all_actions)
+        for cfg in (STUDENT, TEACHER):
+            sampler = ViewSampler(store.reader, SchemaConfig(), cfg, seed=seed)
+            for v in sampler.sample([f"user:{i}" for i in range(5)] + ["ad:1"], cutoff):
+                assert v.nodes[0] == v.anchor and v.size <= cfg.max_nodes
+                assert len(set(v.nodes)) == v.size
+                for s, d, a, age in zip(v.edge_src, v.edge_dst, v.edge_action, v.edge_age):
+                    key = (v.nodes[s], v.nodes[d], actions[a])
+                    assert first_seen[key] <= cutoff          # never an edge from the future
+                    assert age >= 0
+                assert v.hop[0] == 0 and (v.hop[1:] >= 1).all()
+
+
+def test_teacher_views_are_broader_than_student_views(tmp_path):
+    rng = np.random.default_rng(1)
+    with GraphStore(tmp_path, SchemaConfig(), 4) as store:
+        apply_direct(store, world(rng, 60, 40, 3000), GraphConfig(path=str(tmp_path)))
+        anchors = [f"user:{i}" for i in range(10)]
+        cut = T0 + 31 * DAY
+        t = ViewSampler(store.reader, SchemaConfig(), TEACHER).sample(anchors, cut)
+        s = ViewSampler(store.reader, SchemaConfig(), STUDENT).sample(anchors, cut)
+        assert np.mean([v.size for v in t]) > 2 * np.mean([v.size for v in s])
+        assert max(v.size for v in s) <= STUDENT.max_nodes
