@@ -70,17 +70,27 @@ def bucket_length(n: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"{n} tokens exceed the largest sequence bucket {buckets[-1]}")
 
 
-def shortest_paths(n: int, src: np.ndarray, dst: np.ndarray, max_spd: int) -> np.ndarray:
-    """(n, n) int64 hop distances on the undirected view graph; max_spd + 1 = unreachable/far."""
-    a = np.zeros((n, n), np.float32)
-    a[src, dst] = 1.0
-    a[dst, src] = 1.0
-    dist = np.full((n, n), max_spd + 1, np.int64)
-    np.fill_diagonal(dist, 0)
-    reach = np.eye(n, dtype=np.float32)
-    seen = reach > 0
+def adjacency(views: Sequence[View], n_max: int) -> np.ndarray:
+    """(V, n_max, n_max) float32 undirected 0/1 adjacency of every view, in one scatter."""
+    a = np.zeros((len(views), n_max, n_max), np.float32)
+    vi = np.concatenate([np.full(len(v.edge_src), i) for i, v in enumerate(views)]).astype(np.int64)
+    src = np.concatenate([v.edge_src for v in views]).astype(np.int64)
+    dst = np.concatenate([v.edge_dst for v in views]).astype(np.int64)
+    a[vi, src, dst] = 1.0
+    a[vi, dst, src] = 1.0
+    return a
+
+
+def shortest_paths_batched(a: np.ndarray, max_spd: int) -> np.ndarray:
+    """(V, n, n) hop distances by BFS as batched matmuls; max_spd + 1 = unreachable/far."""
+    V, n, _ = a.shape
+    dist = np.full((V, n, n), max_spd + 1, np.int64)
+    eye = np.broadcast_to(np.eye(n, dtype=bool), (V, n, n))
+    dist[eye] = 0
+    reach = eye.astype(np.float32)
+    seen = eye.copy()
     for d in range(1, max_spd + 1):
-        reach = ((reach @ a) > 0).astype(np.float32)
+        reach = (np.matmul(reach, a) > 0).astype(np.float32)
         new = (reach > 0) & ~seen
         if not new.any():
             break
@@ -89,18 +99,23 @@ def shortest_paths(n: int, src: np.ndarray, dst: np.ndarray, max_spd: int) -> np
     return dist
 
 
-def rwse(n: int, src: np.ndarray, dst: np.ndarray, steps: int) -> np.ndarray:
-    """(n, steps) float32: probability that a k-step random walk returns to its start."""
-    a = np.zeros((n, n), np.float32)
-    a[src, dst] = 1.0
-    a[dst, src] = 1.0
-    deg = a.sum(1, keepdims=True)
+def shortest_paths(n: int, src: np.ndarray, dst: np.ndarray, max_spd: int) -> np.ndarray:
+    """(n, n) int64 hop distances on the undirected view graph; max_spd + 1 = unreachable/far."""
+    a = np.zeros((1, n, n), np.float32)
+    a[0, src, dst] = 1.0
+    a[0, dst, src] = 1.0
+    return shortest_paths_batched(a, max_spd)[0]
+
+
+def rwse_batched(a: np.ndarray, steps: int) -> np.ndarray:
+    """(V, n, steps): probability that a k-step random walk returns to its start."""
+    deg = a.sum(-1, keepdims=True)
     p = np.divide(a, deg, out=np.zeros_like(a), where=deg > 0)
-    out = np.zeros((n, steps), np.float32)
+    out = np.zeros(a.shape[:2] + (steps,), np.float32)
     m = p
     for k in range(steps):
-        out[:, k] = np.diagonal(m)
-        m = m @ p
+        out[:, :, k] = np.diagonal(m, axis1=1, axis2=2)
+        m = np.matmul(m, p)
     return out
 
 
@@ -205,13 +220,16 @@ def pack(views: Sequence[View], cfg: PackConfig,
     n_max = max(sizes)
     dense_tok = np.full((V, n_max), -1, np.int64)
     ids: list[str] = []
+    adj = adjacency(views, n_max)
+    spd_all = shortest_paths_batched(adj, cfg.max_spd)             # (V, n_max, n_max)
+    rw_all = rwse_batched(adj, cfg.rwse_steps)                     # (V, n_max, steps)
     for i, v in enumerate(views):
         n, s0, t0 = v.size, starts[i], tbl_starts[i]
         sl = slice(s0, s0 + n)
         doc[sl], local[sl], tok_base[sl], tok_n[sl] = i, np.arange(n), t0, n
         type_ids[sl], hop[sl], stats[sl] = v.types, v.hop, v.stats
-        rw[sl] = rwse(n, v.edge_src, v.edge_dst, cfg.rwse_steps)
-        spd[t0:t0 + n * n] = shortest_paths(n, v.edge_src, v.edge_dst, cfg.max_spd).ravel()
+        rw[sl] = rw_all[i, :n]
+        spd[t0:t0 + n * n] = spd_all[i, :n, :n].ravel()
         et, ew, er = _edge_tables(v, cfg)
         etype[t0:t0 + n * n], eweight[t0:t0 + n * n], erec[t0:t0 + n * n] = et.ravel(), ew.ravel(), er.ravel()
         dense_tok[i, :n] = np.arange(s0, s0 + n)

@@ -105,9 +105,9 @@ class HierarchicalEncoder(nn.Module):
     def device(self) -> torch.device:
         return self.prototypes.device
 
-    def backend(self, training: bool | None = None) -> str:
+    def backend(self, training: bool | None = None, max_view: int = 128) -> str:
         training = self.training and torch.is_grad_enabled() if training is None else training
-        return A.choose_backend(self.device, training, self.cfg.compile)
+        return A.choose_backend(self.device, training, self.cfg.compile, max_view)
 
     def level_prototypes(self) -> list[torch.Tensor]:
         """Unit prototypes per level (coarse to fine); coarse = normalised mean of children."""
@@ -125,7 +125,7 @@ class HierarchicalEncoder(nn.Module):
 
     def forward(self, b: PackedBatch, backend: str | None = None):
         """-> emb (V, d_emb) unit vectors, logits: list of (V, K_l) per level."""
-        backend = backend or self.backend()
+        backend = backend or self.backend(max_view=max(b.view_sizes))
         block_mask = A.build_block_mask(b, self.device) if backend.startswith("flex") else None
         x = self.features(b)
         for blk in self.blocks:

@@ -82,7 +82,7 @@ class ViewSampler:
     """Samples views from a `GraphReader` (or any object with `states(ids)`)."""
 
     def __init__(self, reader: GraphReader, schema: SchemaConfig, config: ViewConfig,
-                 seed: int = 0, cache_size: int = 50_000) -> None:
+                 seed: int = 0, cache_size: int = 50_000, rank_reuse_ms: int = 60_000) -> None:
         self.reader = reader
         self.cfg = config
         self.rates = {a: s.decay_rate for a, s in schema.all_actions.items()}
@@ -91,6 +91,8 @@ class ViewSampler:
         self.rng = np.random.default_rng(seed)
         self._cache: OrderedDict[str, NodeState | None] = OrderedDict()
         self._cache_size = cache_size
+        self._rank_cache: OrderedDict[str, tuple[int, _NodeInfo]] = OrderedDict()
+        self.rank_reuse_ms = rank_reuse_ms
         self._recency = math.log(2) / (config.recency_half_life_s * 1000.0)
 
     # -- reads ----------------------------------------------------------------------------
@@ -108,22 +110,45 @@ class ViewSampler:
         """Forget cached records of nodes whose state changed."""
         for n in node_ids:
             self._cache.pop(n, None)
+            self._rank_cache.pop(n, None)
 
-    def _ranked(self, s: NodeState | None, cutoff: int) -> list[tuple[float, str]]:
-        """(importance, neighbour) heaviest first; importance = |w at cutoff| x recency."""
+    def _info(self, s: NodeState | None, cutoff: int) -> "_NodeInfo":
+        """What sampling needs of a node as of the cutoff, computed in one pass over its
+        edges and cached for cutoffs within `rank_reuse_ms` (orderings change slowly);
+        `invalidate` drops a node whose edges changed."""
         if s is None:
-            return []
+            return _EMPTY
+        hit = self._rank_cache.get(s.id)
+        if hit is not None and abs(hit[0] - cutoff) <= self.rank_reuse_ms:
+            return hit[1]
+        info = self._compute(s, cutoff)
+        self._rank_cache[s.id] = (cutoff, info)
+        if len(self._rank_cache) > self._cache_size:
+            self._rank_cache.popitem(last=False)
+        return info
+
+    def _compute(self, s: NodeState, cutoff: int) -> "_NodeInfo":
         best: dict[str, float] = {}
-        rates, rec = self.rates, self._recency
-        for (nbr, action, _), (w, tref, _, first) in s.edges.items():
+        by_nbr: dict[str, list] = {}
+        rates, rec, exp = self.rates, self._recency, math.exp
+        deg = [0, 0]
+        for (nbr, action, d), (w, tref, _, first) in s.edges.items():
             if first > cutoff:
                 continue
             rate = rates[action]
             dt = cutoff - tref if cutoff > tref else 0
-            imp = abs(w) * math.exp(-(rate + rec) * dt)
+            wt = w * exp(-rate * dt) if rate else w
+            imp = abs(wt) * exp(-rec * dt)
             if imp > best.get(nbr, 0.0):
                 best[nbr] = imp
-        return sorted(((v, n) for n, v in best.items()), reverse=True)
+            by_nbr.setdefault(nbr, []).append((action, d, wt, dt))
+            deg[d] += 1
+        day = 86_400_000.0
+        stats = (math.log1p(s.events), math.log1p(deg[OUT]), math.log1p(deg[IN]),
+                 math.log1p(max(0.0, cutoff - s.first) / day) if s.first is not None else 0.0,
+                 math.log1p(max(0.0, cutoff - s.last) / day) if s.last is not None else 0.0,
+                 1.0 if s.events >= self.cfg.min_events_frequent else 0.0)
+        return _NodeInfo(sorted(((v, n) for n, v in best.items()), reverse=True), by_nbr, stats)
 
     # -- sampling -------------------------------------------------------------------------
     def sample(self, anchors: list[str], cutoff: int) -> list[View]:
@@ -136,7 +161,7 @@ class ViewSampler:
         for hop in range(1, cfg.hops + 1):
             need = [n for f in frontier for n in f if n not in ranked]
             for n, s in self._states(need).items():
-                ranked[n] = self._ranked(s, cutoff)
+                ranked[n] = self._info(s, cutoff).ranked
             nxt = []
             for i, f in enumerate(frontier):
                 new = []
@@ -172,7 +197,7 @@ class ViewSampler:
                 need = [n for n in pos if n not in ranked]
                 if need:
                     for n, s in self._states(need).items():
-                        ranked[n] = self._ranked(s, cutoff)
+                        ranked[n] = self._info(s, cutoff).ranked
                 u = rng.random((cfg.walks, 2))
                 for w in range(cfg.walks):
                     if u[w, 0] < cfg.restart:
@@ -198,33 +223,21 @@ class ViewSampler:
                states: dict[str, NodeState | None]) -> View:
         local = {n: j for j, n in enumerate(nodes)}
         edges: dict[tuple[int, int, str], tuple[float, int]] = {}
-        rates = self.rates
-        for n in nodes:
-            s = states.get(n)
-            if s is None:
-                continue
-            j = local[n]
-            for (nbr, action, d), (w, tref, _, first) in s.edges.items():
-                k = local.get(nbr)
-                if k is None or first > cutoff:
-                    continue
-                key = (j, k, action) if d == OUT else (k, j, action)
-                if key not in edges:
-                    rate = rates[action]
-                    wt = w * math.exp(-rate * (cutoff - tref)) if rate else w
-                    edges[key] = (wt, max(0, cutoff - tref))
         stats = np.zeros((len(nodes), N_STATS), np.float32)
-        day = 86_400_000.0
-        for n, j in local.items():
-            s = states.get(n)
-            if s is None or s.first is None:
+        for j, n in enumerate(nodes):
+            info = self._info(states.get(n), cutoff)
+            if info is _EMPTY:
                 continue
-            out_deg = sum(1 for (_, _, d), e in s.edges.items() if d == OUT and e[3] <= cutoff)
-            in_deg = sum(1 for (_, _, d), e in s.edges.items() if d == IN and e[3] <= cutoff)
-            stats[j] = (math.log1p(s.events), math.log1p(out_deg), math.log1p(in_deg),
-                        math.log1p(max(0.0, cutoff - s.first) / day),
-                        math.log1p(max(0.0, cutoff - s.last) / day),
-                        1.0 if s.events >= self.cfg.min_events_frequent else 0.0)
+            stats[j] = info.stats
+            by_nbr = info.by_nbr
+            for k, other in enumerate(nodes):       # n x n lookups beat scanning all edges
+                cells = by_nbr.get(other)
+                if cells is None:
+                    continue
+                for action, d, wt, dt in cells:
+                    key = (j, k, action) if d == OUT else (k, j, action)
+                    if key not in edges:
+                        edges[key] = (wt, dt)
         keys = list(edges)
         ai = self.action_index
         return View(
@@ -238,3 +251,13 @@ class ViewSampler:
             edge_weight=np.array([edges[k][0] for k in keys], np.float32),
             edge_age=np.array([edges[k][1] / 1000.0 for k in keys], np.float32),
         )
+
+
+@dataclass(frozen=True)
+class _NodeInfo:
+    ranked: list            # [(importance, neighbour)] heaviest first
+    by_nbr: dict            # neighbour -> [(action, direction, weight at cutoff, age ms)]
+    stats: tuple            # N_STATS floats
+
+
+_EMPTY = _NodeInfo([], {}, (0.0,) * N_STATS)
