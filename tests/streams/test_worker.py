@@ -31,27 +31,25 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_nothing_twice(cfg, t
     rnd = random.Random(5)
     env = {"HIRFLOW_INGEST__BATCH_MAX": "700", "HIRFLOW_GRAPH__TOP_K": str(cfg.graph.top_k),
            "HIRFLOW_WORKER__KNOWLEDGE": "false"}      # restarts stay quick without MiniLM    # many commits, so kills land between and in them
-    applied_before = 0
+    topic = Topics(cfg.kafka.topic_prefix).engagements
     for round_ in range(3):
         w = WorkerProcess(cfg, tmp_path / "worker.log", env).start()
-        target = rnd.randint(500, 6_000)
+        remaining = len(evs) - committed_total(cfg, topic)
+        target = rnd.randint(300, max(400, remaining // 4))    # kill well before the end
         w.wait_metric("hirflow_events_applied_total", target)
-        time.sleep(rnd.random() * 0.2)
+        time.sleep(rnd.random() * 0.05)
         w.kill9()
-        applied_before += target
     w = WorkerProcess(cfg, tmp_path / "worker.log", env).start()
     deadline = time.monotonic() + 90
-    while committed_total(cfg, Topics(cfg.kafka.topic_prefix).engagements) < len(evs):
+    while committed_total(cfg, topic) < len(evs):
         assert time.monotonic() < deadline, "worker did not finish the stream"
         time.sleep(0.3)
-    skipped = w.metrics().get("hirflow_events_skipped_total", 0)
     assert w.stop() == 0
     with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
         after_crashes = digest(store)
     with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
         apply_direct(store, evs, cfg.graph)
         assert_same_state(after_crashes, digest(store))
-    assert skipped >= 0
 
 
 def test_worker_endpoints_and_entity_agent(cfg, tmp_path):

@@ -69,7 +69,7 @@ class WorkerProcess:
         """Graceful stop (SIGTERM) once the worker is fully up: before faust installs its signal
         handlers a SIGTERM just ends the process, which is safe (see the kill -9 test) but not
         the graceful path this asserts."""
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90        # faust waits out a killed member's session
         while self.proc.poll() is None and time.monotonic() < deadline:
             try:
                 if self.get("/health")[0] in (200, 503):
