@@ -11,6 +11,8 @@ The output is a frozen dataclass of numpy arrays; turning it into tensors is enc
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -92,6 +94,7 @@ class ViewSampler:
         self._cache: OrderedDict[str, NodeState | None] = OrderedDict()
         self._cache_size = cache_size
         self._rank_cache: OrderedDict[str, tuple[int, _NodeInfo]] = OrderedDict()
+        self._walk_cache: dict[str, tuple] = {}
         self.rank_reuse_ms = rank_reuse_ms
         self._recency = math.log(2) / (config.recency_half_life_s * 1000.0)
 
@@ -111,6 +114,7 @@ class ViewSampler:
         for n in node_ids:
             self._cache.pop(n, None)
             self._rank_cache.pop(n, None)
+            self._walk_cache.pop(n, None)
 
     def _info(self, s: NodeState | None, cutoff: int) -> "_NodeInfo":
         """What sampling needs of a node as of the cutoff, computed in one pass over its
@@ -186,38 +190,51 @@ class ViewSampler:
         return [self._build(a, cutoff, c, hops[i], states) for i, (a, c) in enumerate(zip(anchors, chosen))]
 
     def _walk(self, anchors, cutoff, prio, hops, ranked) -> None:
-        """Random walks with restart; each visit adds to a node's priority."""
+        """Random walks with restart, all anchors stepping together (one batched read per
+        step); a step picks a neighbour with probability proportional to its importance;
+        each visit adds to that node's priority."""
         cfg, rng = self.cfg, self.rng
         if cfg.walks == 0 or cfg.walk_length == 0:
             return
-        for i, a in enumerate(anchors):
-            pos = [a] * cfg.walks
-            depth = [0] * cfg.walks
-            for _step in range(cfg.walk_length):
-                need = [n for n in pos if n not in ranked]
-                if need:
-                    for n, s in self._states(need).items():
-                        ranked[n] = self._info(s, cutoff).ranked
-                u = rng.random((cfg.walks, 2))
-                for w in range(cfg.walks):
-                    if u[w, 0] < cfg.restart:
-                        pos[w], depth[w] = a, 0
-                        continue
-                    opts = ranked[pos[w]][:cfg.fanout * 2]
-                    if not opts:
-                        pos[w], depth[w] = a, 0
-                        continue
-                    total = sum(v for v, _ in opts)
-                    r, acc = u[w, 1] * total, 0.0
-                    for v, nb in opts:
-                        acc += v
-                        if acc >= r:
-                            break
-                    pos[w], depth[w] = nb, depth[w] + 1
-                    if nb != a:
-                        hops[i].setdefault(nb, depth[w])
-                        p = prio[i].get(nb, 0.0)
-                        prio[i][nb] = p + 1.0 / cfg.walks if not math.isinf(p) else p
+        W = cfg.walks
+        pos = [a for a in anchors for _ in range(W)]
+        depth = [0] * len(pos)
+        inc = 1.0 / W
+        for _step in range(cfg.walk_length):
+            need = [n for n in dict.fromkeys(pos) if n not in ranked]
+            if need:
+                for n, st in self._states(need).items():
+                    ranked[n] = self._info(st, cutoff).ranked
+            u = rng.random((len(pos), 2))
+            for j, here in enumerate(pos):
+                i = j // W
+                a = anchors[i]
+                info = self._walk_info(here, ranked)
+                if u[j, 0] < cfg.restart or info is None:
+                    pos[j], depth[j] = a, 0
+                    continue
+                names, cum = info
+                nb = names[min(len(names) - 1, bisect.bisect_left(cum, u[j, 1] * cum[-1]))]
+                pos[j], depth[j] = nb, depth[j] + 1
+                if nb != a:
+                    hops[i].setdefault(nb, depth[j])
+                    p = prio[i].get(nb, 0.0)
+                    prio[i][nb] = p + inc if not math.isinf(p) else p
+
+    def _walk_info(self, node: str, ranked) -> tuple[list[str], list[float]] | None:
+        """Names and cumulative importance of a node's top 2 x fanout neighbours."""
+        hit = self._walk_cache.get(node)
+        r = ranked[node]
+        if hit is not None and hit[0] is r:
+            return hit[1]
+        opts = r[:self.cfg.fanout * 2]
+        out = None
+        if opts and opts[0][0] > 0:
+            out = ([n for _, n in opts], list(itertools.accumulate(v for v, _ in opts)))
+        self._walk_cache[node] = (r, out)
+        if len(self._walk_cache) > self._cache_size:
+            self._walk_cache.pop(next(iter(self._walk_cache)))
+        return out
 
     def _build(self, anchor: str, cutoff: int, nodes: list[str], hops: dict[str, int],
                states: dict[str, NodeState | None]) -> View:
@@ -230,11 +247,9 @@ class ViewSampler:
                 continue
             stats[j] = info.stats
             by_nbr = info.by_nbr
-            for k, other in enumerate(nodes):       # n x n lookups beat scanning all edges
-                cells = by_nbr.get(other)
-                if cells is None:
-                    continue
-                for action, d, wt, dt in cells:
+            for other in by_nbr.keys() & local.keys():    # C-level intersection, not n x n
+                k = local[other]
+                for action, d, wt, dt in by_nbr[other]:
                     key = (j, k, action) if d == OUT else (k, j, action)
                     if key not in edges:
                         edges[key] = (wt, dt)
