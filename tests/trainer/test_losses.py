@@ -1,0 +1,79 @@
+import numpy as np
+import ot
+import pytest
+import torch
+
+from trainer.losses import (distillation_loss, engagement_loss, hierarchy_consistency_loss,
+                            sinkhorn_knopp, usage_entropy)
+from trainer.schedules import cosine, teacher_momentum
+
+
+@pytest.mark.parametrize("V,K,eps", [(64, 16, 0.5), (200, 32, 0.2), (50, 128, 1.0)])
+def test_sinkhorn_matches_pot(V, K, eps):
+    """Same plan and marginals as POT's ot.sinkhorn on the same cost and regularisation."""
+    g = torch.Generator().manual_seed(V + K)
+    logits = torch.randn(V, K, generator=g) * 2
+    ours = sinkhorn_knopp(logits, epsilon=eps, n_iters=2000) / V            # plan, sums to 1
+    a, b = np.full(V, 1 / V), np.full(K, 1 / K)
+    ref = ot.sinkhorn(a, b, -logits.double().numpy(), reg=eps, numItermax=20000, stopThr=1e-12)
+    assert np.allclose(ours.sum(1).numpy(), a, atol=1e-6)
+    assert np.allclose(ours.sum(0).numpy(), b, atol=1e-5)
+    assert np.allclose(ours.double().numpy(), ref, atol=1e-6, rtol=1e-3)
+
+
+def test_balanced_targets_keep_every_level_in_use():
+    """Skewed, clustered teacher scores (cosines): the argmax of balanced targets uses the
+    prototypes evenly (entropy >= 0.9 log K) at every level, more evenly than raw argmax."""
+    rng = np.random.default_rng(0)
+    for k in (16, 128, 1024):
+        V = 8 * k
+        centers = rng.standard_normal((k, 32))
+        centers /= np.linalg.norm(centers, axis=1, keepdims=True)
+        # data from only a quarter of the clusters, plus a strong pull towards prototype 0
+        x = centers[rng.integers(0, max(1, k // 4), V)] + 0.3 * rng.standard_normal((V, 32))
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        scores = torch.from_numpy(x @ centers.T).float()
+        scores[:, 0] += 0.3
+        raw = usage_entropy(scores.argmax(1), k)
+        balanced = usage_entropy(sinkhorn_knopp(scores, epsilon=0.05, n_iters=3).argmax(1), k)
+        assert balanced >= 0.9 * np.log(k), (k, balanced, np.log(k))
+        assert raw < balanced
+
+
+def test_distillation_loss_prefers_a_student_that_agrees_with_the_teacher():
+    g = torch.Generator().manual_seed(1)
+    teacher = [torch.randn(256, k, generator=g) * 5 for k in (8, 32)]
+    agree = [t.clone() for t in teacher]
+    other = [torch.randn(256, t.shape[1], generator=g) * 5 for t in teacher]
+    assert distillation_loss(agree, teacher) < distillation_loss(other, teacher)
+    s = [t.clone().requires_grad_() for t in other]
+    distillation_loss(s, teacher).backward()
+    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in s)
+
+
+def test_hierarchy_consistency_is_zero_only_when_coarse_is_the_parent_of_fine():
+    parents = [torch.arange(8) // 4]                     # 8 fine -> 2 coarse
+    fine = torch.full((1, 8), -20.0)
+    fine[0, 1] = 20.0                                    # fine 1, parent 0
+    good = [torch.tensor([[20.0, -20.0]]), fine]
+    bad = [torch.tensor([[-20.0, 20.0]]), fine]
+    assert hierarchy_consistency_loss(good, parents) < 1e-6
+    assert hierarchy_consistency_loss(bad, parents) > 1.0
+
+
+def test_engagement_loss_weights_deep_funnel_actions():
+    logits = torch.tensor([0.0, 0.0])
+    labels = torch.tensor([1, 0])
+    light = engagement_loss(logits, labels, torch.tensor([1.0, 1.0]))
+    assert torch.isclose(light, torch.log(torch.tensor(2.0)))
+    wrong = torch.tensor([-3.0, 0.0])                     # misses the positive
+    assert engagement_loss(wrong, labels, torch.tensor([4.0, 1.0])) > engagement_loss(wrong, labels, torch.tensor([1.0, 1.0]))
+
+
+def test_schedules_have_their_length_and_ends():
+    m = teacher_momentum(100)
+    assert len(m) == 100 and m[0] == pytest.approx(0.996) and m[-1] == pytest.approx(1.0)
+    lr = cosine(1e-3, 1e-5, 50, warmup_steps=5)
+    assert len(lr) == 50 and lr[0] == 0.0 and lr[5] == pytest.approx(1e-3) and lr[-1] == pytest.approx(1e-5)
+    with pytest.raises(ValueError):
+        cosine(1, 0, 0)

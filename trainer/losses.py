@@ -1,0 +1,83 @@
+"""Training objectives: cross-view self-distillation with Sinkhorn-Knopp balanced targets,
+hierarchy consistency, and engagement prediction.
+
+Shapes: V anchors per batch, K_l prototypes at level l. Logits are cosine similarities over
+temperature (see `encoder.model`). Teacher targets never carry gradients.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def sinkhorn_knopp(logits: torch.Tensor, epsilon: float = 0.05, n_iters: int = 3) -> torch.Tensor:
+    """(V, K) scores (cosine similarities) -> (V, K) soft assignments whose rows sum to 1 and whose columns are
+    balanced (each prototype gets V/K of the mass), so no level collapses onto a few clusters.
+
+    This is the entropic optimal-transport plan between uniform marginals with cost
+    -logits and regularisation epsilon (times V), computed in log space for stability.
+    """
+    V, K = logits.shape
+    log_q = logits.float() / epsilon                         # (V, K)
+    log_r = torch.full((V,), -np.log(V), device=logits.device)   # row marginal 1/V
+    log_c = torch.full((K,), -np.log(K), device=logits.device)   # column marginal 1/K
+    u = torch.zeros(V, device=logits.device)
+    v = torch.zeros(K, device=logits.device)
+    for _ in range(n_iters):
+        u = log_r - torch.logsumexp(log_q + v[None, :], dim=1)
+        v = log_c - torch.logsumexp(log_q + u[:, None], dim=0)
+    plan = torch.exp(log_q + u[:, None] + v[None, :])        # (V, K), sums to 1
+    return plan / plan.sum(1, keepdim=True)
+
+
+def distillation_loss(student_logits: Sequence[torch.Tensor], teacher_scores: Sequence[torch.Tensor],
+                      epsilon: float = 0.05, n_iters: int = 3) -> torch.Tensor:
+    """Mean over levels of the cross-entropy between the teacher's balanced targets and the
+    student's assignment distribution (narrow view learns to predict the broad view).
+    `teacher_scores` are cosine similarities to the prototypes (SwAV's epsilon applies to
+    them), `student_logits` cosines over the student temperature."""
+    losses = []
+    for s, t in zip(student_logits, teacher_scores):
+        q = sinkhorn_knopp(t.detach(), epsilon, n_iters)
+        losses.append(-(q * F.log_softmax(s, dim=-1)).sum(-1).mean())
+    return torch.stack(losses).mean()
+
+
+def hierarchy_consistency_loss(logits: Sequence[torch.Tensor], parents: Sequence[torch.Tensor]) -> torch.Tensor:
+    """KL(coarse || fine mass summed per parent) for each coarser level: a node's coarse
+    assignment should be the parent of its fine one. `parents[l]` maps fine -> level l."""
+    fine = F.softmax(logits[-1], dim=-1)                      # (V, K_fine)
+    losses = []
+    for lvl, coarse_logits in enumerate(logits[:-1]):
+        k = coarse_logits.shape[-1]
+        agg = torch.zeros(fine.shape[0], k, device=fine.device, dtype=fine.dtype)
+        agg = agg.index_add(1, parents[lvl], fine)            # (V, K_l)
+        logp = F.log_softmax(coarse_logits, dim=-1)
+        losses.append(F.kl_div(torch.log(agg.clamp_min(1e-8)), logp, log_target=True,
+                               reduction="batchmean"))
+    return torch.stack(losses).mean() if losses else logits[-1].new_zeros(())
+
+
+def engagement_logits(src: torch.Tensor, dst: torch.Tensor, relation: torch.Tensor,
+                      temperature: float = 0.1) -> torch.Tensor:
+    """(E,) scores of (src, action, dst) triples: <src * r_action, dst> / T (DistMult)."""
+    return (src * relation * dst).sum(-1) / temperature
+
+
+def engagement_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted binary cross-entropy: positives are edges that exist at the time, negatives
+    are sampled per node type; deep-funnel actions carry larger `weights`."""
+    per = F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="none")
+    return (per * weights).sum() / weights.sum().clamp_min(1e-8)
+
+
+def usage_entropy(assignments: torch.Tensor, k: int) -> float:
+    """Entropy (nats) of how often each of k prototypes is the argmax; log k = perfectly even."""
+    counts = torch.bincount(assignments.flatten(), minlength=k).double()
+    p = counts / counts.sum()
+    p = p[p > 0]
+    return float(-(p * p.log()).sum())
