@@ -247,8 +247,10 @@ class ViewSampler:
                 continue
             stats[j] = info.stats
             by_nbr = info.by_nbr
-            for other in by_nbr.keys() & local.keys():    # C-level intersection, not n x n
-                k = local[other]
+            # C-level intersection instead of n x n lookups; sorted, because set order follows
+            # the per-process string hash and edge order must not (reproducible training)
+            for k in sorted(local[o] for o in by_nbr.keys() & local.keys()):
+                other = nodes[k]
                 for action, d, wt, dt in by_nbr[other]:
                     key = (j, k, action) if d == OUT else (k, j, action)
                     if key not in edges:

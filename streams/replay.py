@@ -90,10 +90,12 @@ def produce(cfg: HirflowConfig, events: Iterable[Engagement | Entity], total: in
     bar = tqdm(total=total, unit="ev", disable=not progress, smoothing=0.1)
     for i, ev in enumerate(events):
         if isinstance(ev, Entity):
-            clients.produce_blocking(p, topics.entities, encode_entity(ev), ev.node.encode())
+            clients.produce_blocking(p, topics.entities, encode_entity(ev), ev.node.encode(),
+                                     timestamp=ev.ts)
             n_ent += 1
         else:
-            clients.produce_blocking(p, topics.engagements, encode_engagement(ev), ev.src.encode())
+            clients.produce_blocking(p, topics.engagements, encode_engagement(ev), ev.src.encode(),
+                                     timestamp=ev.ts)     # Kafka time = event time
             n_eng += 1
         if i % 1000 == 999:
             p.poll(0)
