@@ -217,6 +217,57 @@ def state_cmd(obj: Ctx, nodes, top):
                 "edges": [e.__dict__ for e in r.neighbors(n, k=top)]}, indent=2, default=str))
 
 
+@cli.command()
+@click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Train from a file that `hirflow replay` reads instead of the Kafka topic.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "taobao"]))
+@click.option("--cutoff", help="Use events up to this time (ms or YYYY-MM-DD; default: now).")
+@click.option("--train-share", type=float, default=0.7, show_default=True,
+              help="Share of the data's time span used for training (the rest: validation, test).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("var/checkpoints"), show_default=True)
+@click.option("--parent", help="Id of the checkpoint this one follows.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--steps-per-chunk", type=int, default=8, show_default=True)
+@click.option("--announce/--no-announce", default=True, show_default=True,
+              help="Announce the checkpoint on hirflow.checkpoints when it is complete.")
+@click.pass_obj
+def train(obj: Ctx, input_path, fmt, cutoff, train_share, out, parent, seed, steps_per_chunk, announce):
+    """Train a checkpoint on the training window of the data (strict time cutoff)."""
+    from encoder.model import EncoderConfig
+    from state.events import Engagement, Validator
+    from streams.replay import detect_format, read_events
+    from streams.topics import Topics
+    from trainer.data import chronological_windows, read_topic
+    from trainer.publish import announce as do_announce
+    from trainer.train import TrainConfig, train as run_train
+    cfg = obj.config()
+    validator = Validator(cfg.schema)
+    cut = _parse_start(cutoff) if cutoff else int(time.time() * 1000)
+    topics = Topics(cfg.kafka.topic_prefix)
+    conf = {"bootstrap.servers": cfg.kafka.bootstrap, **cfg.kafka.client}
+    if input_path:
+        evs = [e for e in read_events(input_path, fmt or detect_format(input_path), validator)
+               if isinstance(e, Engagement) and e.ts <= cut]
+    else:
+        evs = list(read_topic(conf, topics.engagements, validator, cut))
+    if not evs:
+        raise click.ClickException("no engagement events up to the cutoff")
+    windows = chronological_windows([e.ts for e in evs], train=train_share, val=min(0.1, (1 - train_share) / 2))
+    train_evs = [e for e in evs if e.ts < windows.train_end]
+    log.info("training on %d of %d events (window %d..%d)", len(train_evs), len(evs),
+             windows.start, windows.train_end)
+    out.mkdir(parents=True, exist_ok=True)
+    tcfg = TrainConfig(seed=seed, max_steps_per_chunk=steps_per_chunk,
+                       log_path=str(out / "train-log.jsonl"))
+    path = run_train(train_evs, cfg.schema, EncoderConfig.for_schema(cfg.schema), tcfg, out,
+                     parent=parent)
+    result = {"checkpoint": str(path), "windows": windows.__dict__}
+    if announce:
+        result["announced"] = do_announce(conf, topics.checkpoints, path)["id"]
+    click.echo(json.dumps(result))
+
+
 @cli.command("config")
 @click.pass_obj
 def show_config(obj: Ctx):

@@ -42,7 +42,7 @@ def test_taobao_replay_through_the_broker(broker, tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(cli, base + ["replay", "--no-progress", str(DATA / "taobao_sample.csv")])
     assert r.exit_code == 0, r.output
-    stats = json.loads(r.output.strip().splitlines()[-1])
+    stats = json.loads(r.stdout.strip().splitlines()[-1])
     rows = (DATA / "taobao_sample.csv").read_text().splitlines()
     products = {row.split(",")[1] for row in rows}
     assert stats["engagements"] == len(rows) + len(products)     # + one belongs_to per product

@@ -53,3 +53,26 @@ def test_non_finite_loss_stops_the_run(tmp_path):
     schema, enc, cfg = small(tmp_path, lr=float("inf"))
     with pytest.raises(NonFiniteLoss):
         train(events(), schema, enc, cfg, tmp_path / "ckpt", progress=False)
+
+
+def test_cli_trains_from_a_file_and_announces_the_checkpoint(cfg, tmp_path):
+    """`hirflow train --input` on synthetic files; the announcement names a loadable checkpoint."""
+    import msgpack
+    from click.testing import CliRunner
+
+    from streams.cli import cli
+    from streams.topics import Topics
+    from tests.streams.kafka_helpers import drain
+    r = CliRunner().invoke(cli, ["synth", "--out", str(tmp_path / "w"), "--events", "1200",
+                                 "--users", "50", "--span-days", "4"])
+    assert r.exit_code == 0, r.output
+    base = ["--bootstrap", cfg.kafka.bootstrap, "--topic-prefix", cfg.kafka.topic_prefix,
+            "--partitions", str(cfg.kafka.partitions), "--state", cfg.graph.path]
+    r = CliRunner().invoke(cli, base + ["train", "--input", str(tmp_path / "w" / "engagements.jsonl"),
+                                        "--cutoff", "2026-02-01", "--out", str(tmp_path / "ck"),
+                                        "--steps-per-chunk", "1"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert load(out["checkpoint"]).id == out["announced"]
+    m = drain(cfg, Topics(cfg.kafka.topic_prefix).checkpoints, 1)
+    assert msgpack.unpackb(m[0].value())["id"] == out["announced"]
