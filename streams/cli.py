@@ -268,6 +268,36 @@ def train(obj: Ctx, input_path, fmt, cutoff, train_share, out, parent, seed, ste
     click.echo(json.dumps(result))
 
 
+@cli.command()
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--input", "input_path", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Events (any format `hirflow replay` reads); windows are taken from them.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "taobao"]))
+@click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="labels.jsonl from `hirflow synth` (planted interests) for NMI / ARI.")
+@click.option("--train-share", type=float, default=0.7, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("var/eval"),
+              show_default=True)
+@click.pass_obj
+def evaluate(obj: Ctx, checkpoint, input_path, fmt, labels, train_share, out):
+    """Evaluate a checkpoint on the test window: metrics.json and PNG plots, with baselines."""
+    from state.events import Engagement, Validator
+    from streams.replay import detect_format, read_events
+    from trainer.data import chronological_windows
+    from trainer.evaluate import evaluate as run_eval
+    cfg = obj.config()
+    evs = [e for e in read_events(input_path, fmt or detect_format(input_path), Validator(cfg.schema))
+           if isinstance(e, Engagement)]
+    windows = chronological_windows([e.ts for e in evs], train=train_share,
+                                    val=min(0.1, (1 - train_share) / 2))
+    lab = None
+    if labels:
+        lab = {r["node"]: r for r in map(json.loads, labels.read_text().splitlines()) if "fine" in r}
+    metrics = run_eval(checkpoint, evs, windows, cfg.schema, out, labels=lab)
+    click.echo(json.dumps(metrics, indent=2))
+
+
 @cli.command("config")
 @click.pass_obj
 def show_config(obj: Ctx):

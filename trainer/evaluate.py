@@ -1,0 +1,196 @@
+"""Evaluation on the test window, against baselines computed in the same run on the same split.
+
+- next engagement: Recall@K and NDCG@K of the items (ads, products) each user engages in the
+  test window, ranked from state as of the test window's start; the same for deep-funnel
+  actions alone (funnel_weight > 1);
+- hierarchy: NMI / ARI of each level's assignments against planted labels (synthetic world)
+  or any node -> label map (Taobao categories), and densification (how much denser the
+  primitive graph is than the raw graph);
+- BoM: recall of the inverted index (candidates sharing a token, re-ranked by inner product)
+  against exact inner-product search on the same embeddings;
+- baselines: popularity, item co-occurrence kNN, and matrix factorisation (truncated SVD of
+  the user x item matrix).
+
+Writes `metrics.json` and PNG plots.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+from encoder import checkpoint as ckpt
+from encoder.model import EncoderConfig, HierarchicalEncoder
+from encoder.quantize import BoMQuantizer, QuantizerConfig
+from state.events import Engagement
+from state.graph import GraphConfig, GraphStore
+from state.schema import SchemaConfig
+from state.views import STUDENT, ViewSampler
+from state.writer import BOTH_SIDES, GraphWriter
+from trainer.data import Windows
+from trainer.train import embed
+
+log = logging.getLogger(__name__)
+ITEM_TYPES = ("ad", "product")
+
+
+def load_model(path) -> tuple[HierarchicalEncoder, ckpt.Checkpoint]:
+    ck = ckpt.load(path)
+    model = HierarchicalEncoder(EncoderConfig.from_dict(ck.manifest["config"]))
+    enc = {k[len("encoder."):]: v for k, v in ck.weights.items() if k.startswith("encoder.")}
+    model.load_state_dict(enc)
+    return model.eval(), ck
+
+
+def _rank_metrics(scores: np.ndarray, truth: list[set[int]], k: int) -> tuple[float, float]:
+    """Mean Recall@k and NDCG@k; scores (U, I), truth[u] = item indices engaged."""
+    top = np.argsort(-scores, axis=1)[:, :k]
+    rec, ndcg = [], []
+    disc = 1.0 / np.log2(np.arange(2, k + 2))
+    for u, t in enumerate(truth):
+        hits = np.array([i in t for i in top[u]], float)
+        rec.append(hits.sum() / len(t))
+        ndcg.append((hits * disc).sum() / disc[:min(len(t), k)].sum())
+    return float(np.mean(rec)), float(np.mean(ndcg))
+
+
+def baselines(train: Sequence[Engagement], users: list[str], items: list[str],
+              factors: int = 32) -> dict[str, np.ndarray]:
+    """(U, I) scores of popularity, item co-occurrence kNN and SVD matrix factorisation."""
+    ui = {u: i for i, u in enumerate(users)}
+    ii = {x: i for i, x in enumerate(items)}
+    m = np.zeros((len(users), len(items)), np.float32)
+    for e in train:
+        if e.src in ui and e.dst in ii:
+            m[ui[e.src], ii[e.dst]] += e.w
+    binary = (m > 0).astype(np.float32)
+    pop = np.broadcast_to(binary.sum(0), m.shape).copy()
+    norms = np.linalg.norm(binary, axis=0) + 1e-9
+    sim = (binary.T @ binary) / norms[:, None] / norms[None, :]
+    np.fill_diagonal(sim, 0.0)
+    cooc = binary @ sim
+    u, s, vt = np.linalg.svd(np.log1p(m), full_matrices=False)
+    f = min(factors, len(s))
+    mf = (u[:, :f] * s[:f]) @ vt[:f]
+    return {"popularity": pop, "cooccurrence_knn": cooc, "matrix_factorisation": mf}
+
+
+def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: SchemaConfig,
+             out_dir, labels: Mapping[str, Mapping[str, int]] | None = None,
+             texts: Mapping[str, np.ndarray] | None = None, ks: Sequence[int] = (10, 50)) -> dict:
+    """Evaluate checkpoint `path` on the test window of `events`; writes metrics.json + PNGs."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model, ck = load_model(path)
+    enc_cfg = model.cfg
+    events = sorted(events, key=lambda e: e.ts)
+    before = [e for e in events if e.ts < windows.val_end]
+    test = [e for e in events if e.ts >= windows.val_end]
+    funnel = {a for a, s in schema.all_actions.items() if s.funnel_weight > 1}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = GraphStore(Path(tmp) / "s", schema, 1)
+        w = GraphWriter(store, GraphConfig(path=str(Path(tmp) / "s")))
+        for i in range(0, len(before), 20_000):
+            w.apply_batch([(e, BOTH_SIDES) for e in before[i:i + 20_000]])
+            w.commit()
+        nodes = sorted({n for e in before for n in (e.src, e.dst)})
+        sampler = ViewSampler(store.reader, schema, STUDENT, seed=0)
+        emb = embed(model, sampler, nodes, windows.val_end - 1, enc_cfg, texts, model.device)
+        store.close()
+    index = {n: i for i, n in enumerate(nodes)}
+    items = [n for n in nodes if n.partition(":")[0] in ITEM_TYPES]
+    metrics: dict = {"checkpoint": ck.id, "test_events": len(test), "windows": windows.__dict__}
+    for name, acts in (("next_engagement", None), ("deep_funnel", funnel)):
+        truth_map: dict[str, set[int]] = defaultdict(set)
+        item_idx = {x: i for i, x in enumerate(items)}
+        for e in test:
+            if e.src in index and e.dst in item_idx and (acts is None or e.action in acts):
+                truth_map[e.src].add(item_idx[e.dst])
+        users = sorted(truth_map)
+        if not users:
+            metrics[name] = {"users": 0}
+            continue
+        truth = [truth_map[u] for u in users]
+        scores = {"hirflow": emb[[index[u] for u in users]] @ emb[[index[x] for x in items]].T}
+        scores.update(baselines(before, users, items))
+        res = {"users": len(users)}
+        for method, sc in scores.items():
+            for k in ks:
+                r, n = _rank_metrics(sc, truth, min(k, len(items)))
+                res[f"{method}_recall@{k}"] = round(r, 4)
+                res[f"{method}_ndcg@{k}"] = round(n, 4)
+        metrics[name] = res
+    if labels:
+        metrics["hierarchy"] = _hierarchy(model, emb, nodes, labels)
+    metrics["bom_recall@100"] = _bom_recall(emb, ck)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    _plot(metrics, out / "recall.png", ks)
+    return metrics
+
+
+@torch.no_grad()
+def _hierarchy(model: HierarchicalEncoder, emb: np.ndarray, nodes: list[str],
+               labels: Mapping[str, Mapping[str, int]]) -> dict:
+    assign = model.assign(torch.from_numpy(emb)).numpy()            # (N, levels) coarse..fine
+    keys = ("coarse", "mid", "fine")[-assign.shape[1]:] if assign.shape[1] <= 3 else None
+    out = {}
+    picked = [i for i, n in enumerate(nodes) if n in labels]
+    if not picked or keys is None:
+        return out
+    for lvl, key in enumerate(keys):
+        truth = [labels[nodes[i]].get(key) for i in picked]
+        ok = [j for j, t in enumerate(truth) if t is not None]
+        if ok:
+            pred = assign[[picked[j] for j in ok], lvl]
+            t = [truth[j] for j in ok]
+            out[f"level{lvl}_vs_{key}"] = {"nmi": round(float(normalized_mutual_info_score(t, pred)), 4),
+                                           "ari": round(float(adjusted_rand_score(t, pred)), 4),
+                                           "nodes": len(ok)}
+    return out
+
+
+def _bom_recall(emb: np.ndarray, ck: ckpt.Checkpoint, k: int = 100, queries: int = 200) -> float | None:
+    """Recall@k of token-sharing candidates re-ranked by inner product, vs exact search."""
+    if ck.codebooks is None or len(emb) < 2:
+        return None
+    q = BoMQuantizer.from_codebooks(ck.codebooks, QuantizerConfig(**ck.manifest["quantizer"]))
+    tokens = q.tokens(emb)
+    postings: dict[int, list[int]] = defaultdict(list)
+    for i, row in enumerate(tokens):
+        for t in row:
+            postings[int(t)].append(i)
+    rng = np.random.default_rng(0)
+    hits, total = 0, 0
+    for i in rng.choice(len(emb), min(queries, len(emb)), replace=False):
+        exact = set(np.argsort(-(emb @ emb[i]))[:min(k, len(emb))])
+        cand = np.array(sorted({j for t in tokens[i] for j in postings[int(t)]}))
+        got = set(cand[np.argsort(-(emb[cand] @ emb[i]))[:k]]) if len(cand) else set()
+        hits += len(exact & got)
+        total += len(exact)
+    return round(hits / max(1, total), 4)
+
+
+def _plot(metrics: dict, path: Path, ks) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, name in zip(axes, ("next_engagement", "deep_funnel")):
+        res = metrics.get(name, {})
+        methods = sorted({k.split("_recall@")[0] for k in res if "_recall@" in k})
+        x = np.arange(len(methods))
+        for j, k in enumerate(ks):
+            ax.bar(x + j * 0.4, [res.get(f"{m}_recall@{k}", 0) for m in methods], 0.4, label=f"Recall@{k}")
+        ax.set_xticks(x + 0.2, methods, rotation=15)
+        ax.set_title(f"{name} ({res.get('users', 0)} users)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
