@@ -16,7 +16,6 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import shutil
 import statistics
@@ -31,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+from confluent_kafka import TopicPartition  # noqa: E402
 
 from state.config import build  # noqa: E402
 from state.graph import GraphStore  # noqa: E402

@@ -1,5 +1,4 @@
 import math
-import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -12,7 +12,7 @@ from streams.ingest import IngestLoop
 from streams.replay import produce
 from streams.synth import SynthConfig, SynthWorld
 from streams.topics import Topics
-from tests.conftest import make_config, replace_section
+from tests.conftest import replace_section
 from tests.state.helpers import apply_direct, assert_same_state, digest
 from tests.streams.kafka_helpers import drain, run_until
 

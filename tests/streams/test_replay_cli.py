@@ -1,7 +1,5 @@
 """The CLI as a user runs it: synth files, replay of JSONL and of the Taobao format, help."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest

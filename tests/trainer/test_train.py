@@ -3,7 +3,6 @@ import hashlib
 import json
 
 import pytest
-import torch
 
 from encoder.checkpoint import load
 from encoder.model import EncoderConfig
