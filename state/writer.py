@@ -42,6 +42,7 @@ class GraphWriter:
         self._marks_new: dict[tuple[int, int], int] = {}
         self._entities_new: dict[str, Entity] = {}
         self._knowledge_new: dict = {}
+        self._entity_dirty_new: dict[str, int] = {}
         self.lock = threading.RLock()   # the knowledge agent commits from another thread
         self.evicted_edges = 0
 
@@ -146,13 +147,27 @@ class GraphWriter:
             old = self.dirty.get(ent.node)
             if old is None or ent.ts < old:
                 self.dirty[ent.node] = ent.ts
-                self._dirty_new[ent.node] = ent.ts
+            # always written with the entity: a marker pending on the ingest side may never
+            # become durable if the worker dies first
+            self._entity_dirty_new[ent.node] = self.dirty[ent.node]
             return True
 
     def set_knowledge(self, node_id: str, vector) -> None:
-        """Store a world-knowledge vector (written with the next commit)."""
+        """Store a world-knowledge vector (written with the next `commit_entities`)."""
         with self.lock:
             self._knowledge_new[node_id] = vector
+
+    def commit_entities(self, offsets: dict[tuple[str, int], int]) -> int:
+        """Write pending entities, their vectors and dirty markers with the entity topic's
+        offsets in one batch. It never writes the ingest path's pending node records: those
+        become durable only together with the engagement offsets that produced them."""
+        with self.lock:
+            self.store.commit(entities=self._entities_new.values(), knowledge=self._knowledge_new,
+                              dirty_put=self._entity_dirty_new, offsets=offsets)
+            self.offsets.update(offsets)
+            n = len(self._entities_new)
+            self._entities_new, self._knowledge_new, self._entity_dirty_new = {}, {}, {}
+            return n
 
     # -- offsets --------------------------------------------------------------------------
     def applied(self, topic: str, partition: int, offset: int) -> None:
@@ -174,19 +189,17 @@ class GraphWriter:
 
     # -- commit ---------------------------------------------------------------------------
     def commit(self) -> int:
-        """Flush changed records + dirty markers + offsets in one batch; returns records written."""
+        """Flush changed node records + their dirty markers + the engagement offsets and
+        reverse marks in one batch; returns records written. Entities: `commit_entities`."""
         with self.lock:
             changed = [self._cache[n] for n in self._changed]
-            self.store.commit(nodes=changed, entities=self._entities_new.values(),
-                              dirty_put=self._dirty_new, offsets=self._offsets_new,
-                              reverse_marks=self._marks_new, knowledge=self._knowledge_new)
-            n = len(changed) + len(self._entities_new)
-            self._knowledge_new = {}
+            self.store.commit(nodes=changed, dirty_put=self._dirty_new, offsets=self._offsets_new,
+                              reverse_marks=self._marks_new)
+            n = len(changed)
             self._changed.clear()
             self._dirty_new = {}
             self._offsets_new = {}
             self._marks_new = {}
-            self._entities_new = {}
             self._evict()
             return n
 
@@ -214,6 +227,7 @@ class GraphWriter:
             self._marks_new = {}
             self._entities_new = {}
             self._knowledge_new = {}
+            self._entity_dirty_new = {}
             self.dirty = self.store.reader.dirty()
             self.offsets = self.store.reader.offsets()
             self.reverse_marks = self.store.reader.reverse_marks()

@@ -89,6 +89,7 @@ class WorkerRuntime:
         the dead-letter reason."""
         outcomes: list[str] = []
         fresh = []
+        offsets: dict[tuple[str, int], int] = {}
         with self.writer.lock:
             for topic, partition, offset, key, value, timestamp in records:
                 if offset <= self.writer.stored_offset(topic, partition):
@@ -110,14 +111,14 @@ class WorkerRuntime:
                     outcomes.append(exc.reason)
                     self._dead_letters().send_raw(topic, partition, offset, key, value, timestamp,
                                                   exc.reason, exc.detail)
-                self.writer.applied(topic, partition, offset)
+                offsets[(topic, partition)] = offset
             texts = [e for e in fresh if e.text]
             if texts and self.text_encoder is not None:
                 for ent, vec in zip(texts, self.text_encoder.encode([e.text for e in texts])):
                     self.writer.set_knowledge(ent.node, vec)
             if self._entity_producer is not None and self._entity_producer.flush(30):
                 raise RuntimeError("dead letters for entities were not acknowledged")
-            self.writer.commit()
+            self.writer.commit_entities(offsets)
         return outcomes
 
     def _dead_letters(self) -> DeadLetters:
