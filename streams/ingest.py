@@ -101,7 +101,7 @@ class IngestLoop:
                 try:
                     self._pending.update(self._apply(msgs))
                 except Exception:
-                    self.writer.discard_uncommitted()
+                    self._forget_pending()
                     raise
             self._pending_records += len(msgs)
             self._apply_seconds += time.perf_counter() - t0
@@ -124,7 +124,7 @@ class IngestLoop:
                     self.writer.applied(topic, p, off)
                 self.writer.commit()
             except Exception:
-                self.writer.discard_uncommitted()
+                self._forget_pending()
                 raise
         self.consumer.commit(offsets=[TopicPartition(tp, p, off + 1)
                                       for (tp, p), off in last.items()], asynchronous=True)
@@ -248,13 +248,22 @@ class IngestLoop:
         self.flush()
         log.info("ingest loop stopping after %d applied events", self.applied)
 
+    def _forget_pending(self) -> None:
+        """After a failure: memory state since the last commit is dropped, and so are the
+        offsets it covered (the consumer must resume from the stored offsets: restart)."""
+        self.writer.discard_uncommitted()
+        self._pending = {}
+        self._pending_records = 0
+
     def flush(self) -> None:
         """Commit whatever was consumed since the last commit (graceful shutdown)."""
         if self._pending:
             self.commit()
 
     def close(self) -> None:
+        """Graceful stop: make what was consumed durable, then close the clients."""
         try:
+            self.flush()
             self.producer.flush(10)
         finally:
             self.consumer.close()
