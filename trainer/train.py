@@ -214,7 +214,7 @@ def _step(batch, cutoff, student, teacher, head, opt, tsampler, ssampler, by_typ
     distill = L.distillation_loss(s_logits, t_scores, cfg.sinkhorn_epsilon, cfg.sinkhorn_iters)
     hier = L.hierarchy_consistency_loss(s_logits, [student.parents(i) for i in range(len(s_logits))])
     src = torch.tensor([pos[e.src] for e in batch for _ in range(1 + cfg.negatives)], device=dev)
-    dst = torch.tensor([x for e, i in zip(batch, range(len(batch)))
+    dst = torch.tensor([x for i, e in enumerate(batch)
                         for x in [pos[e.dst]] + [pos[n] for n in negs[i * cfg.negatives:(i + 1) * cfg.negatives]]],
                        device=dev)
     act = torch.tensor([a_index[e.action] for e in batch for _ in range(1 + cfg.negatives)], device=dev)
