@@ -23,11 +23,6 @@ def add(w: float, t_ref: int, dw: float, t: int, rate: float) -> tuple[float, in
     return w + (dw * _exp(-rate * (t_ref - t)) if rate else dw), t_ref
 
 
-def merge(a: tuple[float, int], b: tuple[float, int], rate: float) -> tuple[float, int]:
-    """Sum of two decayed values (associative, commutative)."""
-    return add(a[0], a[1], b[0], b[1], rate)
-
-
 def value_at(w: float, t_ref: int, t: int, rate: float) -> float:
     """The decayed value at time t (t before t_ref extrapolates backwards)."""
     if not rate or t == t_ref:

@@ -89,7 +89,7 @@ class ViewSampler:
         self.cfg = config
         self.rates = {a: s.decay_rate for a, s in schema.all_actions.items()}
         self.type_index = {t: i for i, t in enumerate(schema.all_node_types)}
-        self.action_index = {a: i for i, a in enumerate(sorted(schema.all_actions))}
+        self.action_index = schema.action_codes()
         self.rng = np.random.default_rng(seed)
         self._cache: OrderedDict[str, NodeState | None] = OrderedDict()
         self._cache_size = cache_size

@@ -61,30 +61,9 @@ class GraphWriter:
             for n in missing:
                 cache[n] = loaded.get(n) or NodeState(n)
 
-    def _node(self, node_id: str) -> NodeState:
-        s = self._cache.get(node_id)
-        if s is None:
-            s = self.store.load_nodes([node_id]).get(node_id) or NodeState(node_id)
-            self._cache[node_id] = s
-        return s
-
     def apply(self, ev: Engagement, sides: int = BOTH_SIDES) -> None:
         """Apply one engagement to the sides this worker owns; marks them dirty."""
-        rate = self.rates[ev.action]
-        dw = ev.w * self.signs[ev.action]
-        limit, keep = self.config.top_k, self.config.top_k - self.config.trim_slack
-        if sides & SRC_SIDE:
-            s = self._node(ev.src)
-            s.apply(ev.dst, ev.action, OUT, dw, ev.ts, rate)
-            if len(s.edges) > limit:
-                self.evicted_edges += s.trim(keep, self.rates)
-            self._touch(ev.src, ev.ts)
-        if sides & DST_SIDE:
-            d = self._node(ev.dst)
-            d.apply(ev.src, ev.action, IN, dw, ev.ts, rate)
-            if len(d.edges) > limit:
-                self.evicted_edges += d.trim(keep, self.rates)
-            self._touch(ev.dst, ev.ts)
+        self.apply_batch([(ev, sides)])
 
     def apply_batch(self, items: list[tuple[Engagement, int]]) -> None:
         """Apply many engagements: events of the same edge are first summed with the decay

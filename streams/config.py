@@ -32,7 +32,6 @@ class IngestConfig:
     batch_max: int = 10_000             # messages per consume call and per state commit
     batch_wait_ms: int = 50             # how long a consume call waits to fill a batch
     commit_interval_ms: int = 100       # state + offsets become durable at least this often
-    reverse_linger_ms: int = 5
 
     def __post_init__(self) -> None:
         if self.batch_max < 1 or self.batch_wait_ms < 0 or self.commit_interval_ms < 0:

@@ -13,7 +13,6 @@ is a fixed set of partitions' key ranges, so a rebalance never moves state under
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import msgpack
@@ -68,7 +67,6 @@ class IngestLoop:
         self._pending_sends = 0
         self._last_lag = 0.0
         self._pending: dict[tuple[str, int], int] = {}   # consumed, not yet durable
-        self._pending_records = 0
         self._apply_seconds = 0.0
         self._last_commit = time.monotonic()
         self.applied = 0
@@ -103,7 +101,6 @@ class IngestLoop:
                 except Exception:
                     self._forget_pending()
                     raise
-            self._pending_records += len(msgs)
             self._apply_seconds += time.perf_counter() - t0
             BATCH_SIZE.observe(len(msgs))
         due = time.monotonic() - self._last_commit >= self.cfg.ingest.commit_interval_ms / 1000
@@ -130,7 +127,6 @@ class IngestLoop:
                                       for (tp, p), off in last.items()], asynchronous=True)
         BATCH_SECONDS.observe(self._apply_seconds + time.perf_counter() - t0)
         self._pending = {}
-        self._pending_records = 0
         self._apply_seconds = 0.0
         self._last_commit = time.monotonic()
         CACHED_NODES.set(self.writer.cached_nodes)
@@ -241,19 +237,11 @@ class IngestLoop:
             log.debug("lag metric failed: %s", exc)
 
     # -- lifecycle ------------------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
-        log.info("ingest loop running")
-        while not stop.is_set():
-            self.poll_once()
-        self.flush()
-        log.info("ingest loop stopping after %d applied events", self.applied)
-
     def _forget_pending(self) -> None:
         """After a failure: memory state since the last commit is dropped, and so are the
         offsets it covered (the consumer must resume from the stored offsets: restart)."""
         self.writer.discard_uncommitted()
         self._pending = {}
-        self._pending_records = 0
 
     def flush(self) -> None:
         """Commit whatever was consumed since the last commit (graceful shutdown)."""
