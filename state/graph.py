@@ -8,6 +8,9 @@ Column families (all keys are `state.keys` node keys unless said otherwise):
 - ``dirty``     node key -> [node id, oldest event ts not yet refreshed]
 - ``meta``      ``schema_version``, ``num_partitions`` and consumed offsets
                 (``o:<topic>:<partition>``) plus reverse-record high marks (``r:...``)
+                and the index generations (``index:...``)
+- ``embeddings``, ``postings``, ``members``, ``published``, ``outbox``: the serving index,
+  see `state.index`; ``supergraph``: primitive aggregates, see `state.supergraph`
 
 Every commit is one `WriteBatch` that carries the offsets of what it applied, so state and
 offsets are durable together; after a crash the consumer resumes after the stored offset.
@@ -35,7 +38,9 @@ from state.schema import SchemaConfig
 log = logging.getLogger(__name__)
 
 STORE_SCHEMA_VERSION = 1
-COLUMN_FAMILIES = ("nodes", "entities", "knowledge", "dirty", "meta")
+COLUMN_FAMILIES = ("nodes", "entities", "knowledge", "dirty", "meta",
+                   # the serving index (state/index.py) and super-graph (state/supergraph.py)
+                   "embeddings", "postings", "members", "published", "outbox", "supergraph")
 
 
 class StoreError(RuntimeError):
@@ -188,6 +193,10 @@ class GraphStore:
             wb.put(offset_key(topic, p), msgpack.packb(off), h["meta"])
         for (rp, op), off in (reverse_marks or {}).items():
             wb.put(reverse_mark_key(rp, op), msgpack.packb(off), h["meta"])
+        self.db.write(wb, self._write_opt)
+
+    def write(self, wb: WriteBatch) -> None:
+        """Write a batch prepared elsewhere (the index), with the store's durability."""
         self.db.write(wb, self._write_opt)
 
     # -- raw loads for the write-back cache -------------------------------------------------

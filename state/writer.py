@@ -44,6 +44,7 @@ class GraphWriter:
         self._knowledge_new: dict = {}
         self._entity_dirty_new: dict[str, int] = {}
         self.lock = threading.RLock()   # the knowledge agent commits from another thread
+        self.committed = threading.Condition(self.lock)   # notified after each commit
         self.evicted_edges = 0
 
     # -- engagements ----------------------------------------------------------------------
@@ -180,7 +181,41 @@ class GraphWriter:
             self._offsets_new = {}
             self._marks_new = {}
             self._evict()
+            self.committed.notify_all()
             return n
+
+    # -- dirty nodes for the refresh loop ---------------------------------------------------
+    def claim_dirty(self, limit: int) -> dict[str, int]:
+        """Take up to `limit` dirty nodes (oldest marker first in insertion order) whose
+        state is durable: nodes changed since the last commit wait for the next one, so a
+        refresh never encodes a state that a crash could still take back. A node touched
+        again after the claim is dirty again (its marker is kept by `release_claimed`)."""
+        with self.lock:
+            out: dict[str, int] = {}
+            pending = self._changed
+            entities = self._entities_new
+            for n, ts in self.dirty.items():
+                if n in pending or n in entities:
+                    continue
+                out[n] = ts
+                if len(out) >= limit:
+                    break
+            for n in out:
+                del self.dirty[n]
+            return out
+
+    def settled(self, claimed: dict[str, int]) -> list[str]:
+        """Of the claimed nodes, those not dirtied again since: their durable markers may go.
+        Call with `lock` held and delete the markers in the same critical section."""
+        return [n for n in claimed if n not in self.dirty]
+
+    def unclaim(self, claimed: dict[str, int]) -> None:
+        """Give claimed nodes back (a refresh failed before it committed)."""
+        with self.lock:
+            for n, ts in claimed.items():
+                old = self.dirty.get(n)
+                if old is None or ts < old:
+                    self.dirty[n] = ts
 
     def _evict(self) -> None:
         """Drop the least recently used clean records beyond the cache bound."""

@@ -58,12 +58,34 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class RefreshConfig:
+    enabled: bool = True                # re-encode dirty nodes and publish token changes
+    batch_max: int = 512                # nodes per micro-batch
+    batch_wait_ms: int = 50             # longest wait for dirty nodes before a smaller batch
+    neighbor_rate: float = 500.0        # neighbour refreshes per second (endpoints: always)
+    neighbors_per_node: int = 4         # heaviest neighbours queued when a node's tokens move
+    swap_rate: float = 5000.0           # background re-encodes per second during a hot swap
+    checkpoint: str = ""                # checkpoint to serve at first start (else cold start)
+    device: str = "auto"                # auto (CUDA when present), cpu, cuda
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_max < 1 or self.batch_wait_ms < 0:
+            raise ValueError("refresh.batch_max must be >= 1 and batch_wait_ms >= 0")
+        if self.neighbor_rate < 0 or self.swap_rate <= 0 or self.neighbors_per_node < 0:
+            raise ValueError("refresh.neighbor_rate and neighbors_per_node must be >= 0, swap_rate > 0")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"refresh.device must be auto, cpu or cuda, got {self.device!r}")
+
+
+@dataclass(frozen=True)
 class HirflowConfig:
     schema: SchemaConfig = field(default_factory=SchemaConfig)
     graph: GraphConfig = field(default_factory=GraphConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    refresh: RefreshConfig = field(default_factory=RefreshConfig)
 
 
 def load(file=None, env=None, overrides=None) -> HirflowConfig:

@@ -31,6 +31,36 @@ CACHED_NODES = Gauge("hirflow_cached_nodes", "Node records in the write-back cac
 EVICTED_EDGES = Gauge("hirflow_evicted_edges", "Edges evicted from bounded adjacency since start",
                       registry=REGISTRY)
 
+FRESHNESS = Histogram("hirflow_freshness_seconds",
+                      "Event time of the oldest event behind a token change -> change emitted",
+                      buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+                      registry=REGISTRY)
+REFRESH_BATCH = Histogram("hirflow_refresh_batch_nodes", "Nodes per refresh micro-batch",
+                          buckets=(1, 8, 32, 128, 256, 512, 1024, 4096), registry=REGISTRY)
+REFRESH_SECONDS = Histogram("hirflow_refresh_batch_seconds",
+                            "Sample + encode + index write + emit per micro-batch",
+                            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+                            registry=REGISTRY)
+NODES_REFRESHED = Counter("hirflow_nodes_refreshed_total", "Nodes re-encoded", ["reason"],
+                          registry=REGISTRY)
+TOKEN_CHANGES = Counter("hirflow_token_changes_total", "Token changes acknowledged by Kafka",
+                        registry=REGISTRY)
+INDEX_NODES = Gauge("hirflow_index_nodes", "Nodes in the serving index generation",
+                    registry=REGISTRY)
+INDEX_GENERATION = Gauge("hirflow_index_generation", "Serving index generation", registry=REGISTRY)
+INDEX_SWITCHES = Counter("hirflow_index_switches_total", "Index generations switched in",
+                         registry=REGISTRY)
+MODEL_INFO = Gauge("hirflow_model_info", "The model serving (value 1)", ["model"],
+                   registry=REGISTRY)
+SWAP_PROGRESS = Gauge("hirflow_hot_swap_progress",
+                      "Fraction of nodes re-encoded for the checkpoint being swapped in "
+                      "(1 when none is building)", registry=REGISTRY)
+CHECKPOINTS_REFUSED = Counter("hirflow_checkpoints_refused_total",
+                              "Announced checkpoints that failed verification or loading",
+                              registry=REGISTRY)
+NEIGHBOR_BACKLOG = Gauge("hirflow_neighbor_refresh_backlog",
+                         "Neighbours queued for a budgeted refresh", registry=REGISTRY)
+
 
 def exposition() -> bytes:
     """The text format Prometheus scrapes."""

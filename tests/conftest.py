@@ -43,3 +43,31 @@ def cfg(tmp_path, broker):
 
 def replace_section(cfg: HirflowConfig, section: str, **changes) -> HirflowConfig:
     return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **changes)})
+
+
+@pytest.fixture(scope="session")
+def tiny_world():
+    """A small synthetic world's engagements (1,500 events, 60 users, 4 days)."""
+    from state.events import Engagement
+    from streams.synth import SynthConfig, SynthWorld
+    w = SynthWorld(SynthConfig(events=1500, users=60, advertisers=4, span_days=4, seed=2))
+    return [e for e in w.stream() if isinstance(e, Engagement)]
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory, tiny_world):
+    """Two small trained checkpoints (seeds 0 and 1) of the same world: a model and its
+    successor for hot-swap tests. About 5 s each on this CPU."""
+    from encoder.model import EncoderConfig
+    from encoder.quantize import QuantizerConfig
+    from state.schema import SchemaConfig
+    from trainer.train import TrainConfig, train
+    root = tmp_path_factory.mktemp("ckpts")
+    schema = SchemaConfig()
+    enc = EncoderConfig.for_schema(schema, levels=(4, 16), d_model=32, d_ff=64, d_emb=32)
+    out = []
+    for seed in (0, 1):
+        cfg = TrainConfig(seed=seed, batch_edges=32, max_steps_per_chunk=2,
+                          quantizer=QuantizerConfig(m=4, nbits=4))
+        out.append(train(tiny_world, schema, enc, cfg, root, progress=False))
+    return out

@@ -1,0 +1,129 @@
+"""What the refresh loop serves with: a verified checkpoint (encoder + BoM quantizer), or,
+before any checkpoint exists, a cold-start encoder of world knowledge + node type alone.
+
+`encode(views, knowledge)` -> embeddings (n, d), assignments (n, levels), tokens (n, M),
+all numpy, so the caller never touches torch. The model runs on CUDA when present.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from encoder import checkpoint as ckpt
+from encoder.batching import pack
+from encoder.model import EncoderConfig, HierarchicalEncoder
+from encoder.quantize import BoMQuantizer, QuantizerConfig
+from state.index import NO_PRIMITIVE
+from state.views import View
+
+COLD_MODEL_ID = "cold-start"
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class ServingModel:
+    id: str
+    path: str | None
+    d: int
+    m: int
+    nbits: int
+    levels: int
+    encoder: HierarchicalEncoder | None = None
+    quantizer: BoMQuantizer | None = None
+    cold: "ColdStart | None" = None
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: torch.device | None = None) -> "ServingModel":
+        """Verify (sha256 of every file) and load; raises `CheckpointError` when it fails."""
+        ck = ckpt.load(path)
+        cfg = EncoderConfig.from_dict(ck.manifest["config"])
+        model = HierarchicalEncoder(cfg)
+        enc = {k[len("encoder."):]: v for k, v in ck.weights.items() if k.startswith("encoder.")}
+        try:
+            model.load_state_dict(enc)
+        except RuntimeError as exc:
+            raise ckpt.CheckpointError(f"{path}: weights do not fit the model ({exc})") from None
+        if ck.codebooks is None:
+            raise ckpt.CheckpointError(f"{path}: no quantizer codebooks; cannot make BoM tokens")
+        qcfg = QuantizerConfig(**ck.manifest["quantizer"])
+        quant = BoMQuantizer.from_codebooks(ck.codebooks, qcfg)
+        model = model.to(device or default_device()).eval()
+        return cls(ck.id, str(Path(path).resolve()), cfg.d_emb, qcfg.m, qcfg.nbits,
+                   len(cfg.levels), encoder=model, quantizer=quant)
+
+    @classmethod
+    def cold_start(cls, type_names: Sequence[str], d: int = 64, m: int = 8, nbits: int = 8,
+                   levels: int = 3, knowledge_dim: int = 384) -> "ServingModel":
+        return cls(COLD_MODEL_ID, None, d, m, nbits, levels,
+                   cold=ColdStart(type_names, d, m, nbits, knowledge_dim, levels))
+
+    @property
+    def codebooks(self) -> np.ndarray | None:
+        return None if self.quantizer is None else self.quantizer.codebooks_array()
+
+    def prototypes(self) -> list[np.ndarray] | None:
+        if self.encoder is None:
+            return None
+        with torch.no_grad():
+            return [p.float().cpu().numpy() for p in self.encoder.level_prototypes()]
+
+    @torch.no_grad()
+    def encode(self, views: Sequence[View], knowledge: Mapping[str, np.ndarray]):
+        if self.cold is not None:
+            return self.cold.encode([v.anchor for v in views], knowledge)
+        model = self.encoder
+        b = pack(views, model.cfg.pack, knowledge=knowledge).to(model.device)
+        emb, _ = model(b, model.backend(training=False, max_view=max(b.view_sizes)))
+        assign = model.assign(emb).cpu().numpy().astype(np.int32)
+        emb = emb.float().cpu().numpy()
+        return emb, assign, self.quantizer.tokens(emb)
+
+    def encode_query(self, emb: np.ndarray) -> np.ndarray:
+        """BoM tokens of arbitrary vectors (queries that are not stored nodes)."""
+        if self.cold is not None:
+            return self.cold.tokens(np.atleast_2d(emb))
+        return self.quantizer.tokens(np.atleast_2d(np.asarray(emb, np.float32)))
+
+
+class ColdStart:
+    """Before the first checkpoint: a fixed random projection of the world-knowledge vector
+    plus a per-type direction, unit norm; tokens by sign hashing (M groups of `nbits` random
+    hyperplanes), no primitives. Deterministic across processes (seeded by name)."""
+
+    def __init__(self, type_names: Sequence[str], d: int, m: int, nbits: int, knowledge_dim: int,
+                 levels: int) -> None:
+        seed = int.from_bytes(hashlib.blake2b(b"hirflow-cold-start", digest_size=4).digest(), "big")
+        rng = np.random.default_rng(seed)
+        self.type_index = {t: i for i, t in enumerate(type_names)}
+        self.proj = rng.standard_normal((knowledge_dim, d)).astype(np.float32) / np.sqrt(knowledge_dim)
+        self.type_vec = rng.standard_normal((len(type_names) + 1, d)).astype(np.float32)
+        self.type_vec /= np.linalg.norm(self.type_vec, axis=1, keepdims=True)
+        self.planes = rng.standard_normal((m, nbits, d)).astype(np.float32)
+        self.m, self.nbits, self.levels = m, nbits, levels
+
+    def encode(self, nodes: Sequence[str], knowledge: Mapping[str, np.ndarray]):
+        d = self.proj.shape[1]
+        emb = np.zeros((len(nodes), d), np.float32)
+        for i, n in enumerate(nodes):
+            t = self.type_index.get(n.partition(":")[0], len(self.type_index))
+            v = 0.5 * self.type_vec[t]
+            k = knowledge.get(n)
+            if k is not None:
+                v = v + k @ self.proj
+            emb[i] = v
+        emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+        assign = np.full((len(nodes), self.levels), NO_PRIMITIVE, np.int32)
+        return emb, assign, self.tokens(emb)
+
+    def tokens(self, emb: np.ndarray) -> np.ndarray:
+        bits = np.einsum("mbd,nd->nmb", self.planes, emb) > 0
+        codes = (bits * (1 << np.arange(self.nbits))).sum(-1).astype(np.int64)
+        return codes + (np.arange(self.m, dtype=np.int64) << self.nbits)[None]

@@ -1,0 +1,235 @@
+"""The serving index in RocksDB: per-node embeddings, BoM postings, primitive members, what
+subscribers were last told, and the outbox of token changes not yet acknowledged by Kafka.
+
+Everything a model produces is keyed by an index *generation* (2 bytes), so a new
+checkpoint's index is built beside the one serving and switched in by one write of the
+active-generation key. Column families (`nk` = a `state.keys` node key):
+
+- ``embeddings``  gen + nk                          -> `IndexRecord`
+- ``postings``    gen + token(4) + type(1) + nk     -> b"" (prefix scan = one token's nodes)
+- ``members``     gen + level(1) + prim(4) + nk     -> b"" (prefix scan = one primitive's nodes)
+- ``published``   nk -> [seq, model, tokens, assign]  (generation-free: what subscribers saw)
+- ``outbox``      nk + seq(8)                       -> encoded token change, deleted once acked
+
+An `IndexBatch` gathers the puts and deletes of one refresh into a single `WriteBatch`
+(together with the dirty markers it clears), so records, postings and the outbox never
+disagree after a crash.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import msgspec
+import numpy as np
+from rocksdict import WriteBatch
+
+from state.graph import GraphStore
+
+ACTIVE_KEY = b"index:active"        # meta -> [gen, model id, checkpoint path or None]
+BUILDING_KEY = b"index:building"    # meta -> [gen, model id, checkpoint path] during a swap
+ANNOUNCE_PASS_KEY = b"index:announce"  # meta -> gen whose switch still has changes to emit
+NO_PRIMITIVE = -1                   # assignment of a node served without a checkpoint
+
+_enc = msgspec.msgpack.Encoder().encode
+_dec = msgspec.msgpack.Decoder().decode
+
+
+@dataclass(frozen=True, eq=False)
+class IndexRecord:
+    node: str
+    model: str
+    seq: int                    # the node's token-change sequence when this record was made
+    emb: np.ndarray             # (d,) float32, unit norm
+    tokens: tuple[int, ...]     # BoM tokens (one per codebook)
+    assign: tuple[int, ...]     # primitive per level, coarse to fine
+    event_ts: int               # oldest event this refresh accounted for
+    ts: int                     # when it was computed
+
+    def pack(self) -> bytes:
+        return _enc([self.node, self.model, self.seq, np.asarray(self.emb, np.float32).tobytes(),
+                     list(self.tokens), list(self.assign), self.event_ts, self.ts])
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> "IndexRecord":
+        node, model, seq, emb, tokens, assign, event_ts, ts = _dec(raw)
+        return cls(node, model, seq, np.frombuffer(emb, np.float32), tuple(tokens), tuple(assign),
+                   event_ts, ts)
+
+
+def gen_prefix(gen: int) -> bytes:
+    return struct.pack(">H", gen & 0xFFFF)
+
+
+def posting_prefix(gen: int, token: int, type_code: int | None = None) -> bytes:
+    p = gen_prefix(gen) + struct.pack(">I", token)
+    return p if type_code is None else p + bytes([type_code])
+
+
+def member_prefix(gen: int, level: int, prim: int) -> bytes:
+    return gen_prefix(gen) + bytes([level]) + struct.pack(">I", prim & 0xFFFFFFFF)
+
+
+class TokenIndex:
+    """Reads and batched writes of the index column families of one `GraphStore`."""
+
+    CFS = ("embeddings", "postings", "members", "published", "outbox")
+
+    def __init__(self, store: GraphStore) -> None:
+        self.store = store
+        self.key = store.keys.key
+        self.type_code = {t: i for i, t in enumerate(store.schema.all_node_types)}
+        self.cf = store.cf
+        self.h = store.handle
+
+    # -- generations ----------------------------------------------------------------------
+    def _meta(self, key: bytes):
+        raw = self.cf["meta"].get(key)
+        return None if raw is None else _dec(raw)
+
+    def active(self) -> tuple[int, str | None, str | None]:
+        """(generation, model id, checkpoint path); generation 0 and no model when fresh."""
+        v = self._meta(ACTIVE_KEY)
+        return (0, None, None) if v is None else (v[0], v[1], v[2])
+
+    def building(self) -> tuple[int, str, str] | None:
+        v = self._meta(BUILDING_KEY)
+        return None if v is None else (v[0], v[1], v[2])
+
+    def announce_pending(self) -> int | None:
+        return self._meta(ANNOUNCE_PASS_KEY)
+
+    # -- reads ----------------------------------------------------------------------------
+    def records(self, gen: int, node_ids: Sequence[str]) -> list[IndexRecord | None]:
+        if not node_ids:
+            return []
+        g = gen_prefix(gen)
+        raws = self.cf["embeddings"].get([g + self.key(n) for n in node_ids])
+        return [None if r is None else IndexRecord.unpack(r) for r in raws]
+
+    def iter_records(self, gen: int) -> Iterator[IndexRecord]:
+        for _, v in self._scan("embeddings", gen_prefix(gen)):
+            yield IndexRecord.unpack(v)
+
+    def published(self, node_ids: Sequence[str]) -> list[tuple | None]:
+        """Per node: (seq, model, tokens, assign) last put in the outbox, or None."""
+        if not node_ids:
+            return []
+        raws = self.cf["published"].get([self.key(n) for n in node_ids])
+        return [None if r is None else tuple(_dec(r)) for r in raws]
+
+    def outbox(self) -> Iterator[tuple[bytes, bytes]]:
+        """(outbox key, encoded change) in node-key, seq order."""
+        yield from self._scan("outbox", b"")
+
+    def posting_keys(self, gen: int, token: int, type_code: int | None = None) -> Iterator[bytes]:
+        """Node keys (10 bytes) holding `token`, optionally of one node type."""
+        for k, _ in self._scan("postings", posting_prefix(gen, token, type_code)):
+            yield k[-10:]
+
+    def member_keys(self, gen: int, level: int, prim: int) -> Iterator[bytes]:
+        for k, _ in self._scan("members", member_prefix(gen, level, prim)):
+            yield k[-10:]
+
+    def count(self, gen: int, cf: str = "embeddings") -> int:
+        return sum(1 for _ in self._scan(cf, gen_prefix(gen)))
+
+    def _scan(self, cf: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self.cf[cf].iter()
+        try:
+            it.seek(prefix)
+            while it.valid():
+                k = it.key()
+                if not k.startswith(prefix):
+                    break
+                yield k, it.value()
+                it.next()
+        finally:
+            del it
+
+    # -- writes ---------------------------------------------------------------------------
+    def batch(self) -> "IndexBatch":
+        return IndexBatch(self)
+
+    def clear_generation(self, gen: int, chunk: int = 50_000) -> int:
+        """Delete every record, posting and member of a generation (after a switch, or a
+        swap that restarts); returns keys deleted."""
+        n = 0
+        for cf in ("embeddings", "postings", "members"):
+            while True:
+                keys = [k for k, _ in zip((k for k, _ in self._scan(cf, gen_prefix(gen))), range(chunk))]
+                if not keys:
+                    break
+                wb = WriteBatch(raw_mode=True)
+                for k in keys:
+                    wb.delete(k, self.h[cf])
+                self.store.write(wb)
+                n += len(keys)
+        return n
+
+
+class IndexBatch:
+    """The puts and deletes of one refresh, written atomically by `commit`."""
+
+    def __init__(self, index: TokenIndex) -> None:
+        self.ix = index
+        self.wb = WriteBatch(raw_mode=True)
+        self.size = 0
+
+    def put_record(self, gen: int, rec: IndexRecord, old: IndexRecord | None) -> None:
+        """Store `rec` in generation `gen`, moving its postings and memberships from `old`."""
+        ix, wb, h = self.ix, self.wb, self.ix.h
+        nk = ix.key(rec.node)
+        g = gen_prefix(gen)
+        tc = ix.type_code.get(rec.node.partition(":")[0], 255)
+        wb.put(g + nk, rec.pack(), h["embeddings"])
+        old_tokens = set(old.tokens) if old is not None else set()
+        new_tokens = set(rec.tokens)
+        for t in old_tokens - new_tokens:
+            wb.delete(posting_prefix(gen, t, tc) + nk, h["postings"])
+        for t in new_tokens - old_tokens:
+            wb.put(posting_prefix(gen, t, tc) + nk, b"", h["postings"])
+        old_assign = old.assign if old is not None else ()
+        for level, prim in enumerate(rec.assign):
+            was = old_assign[level] if level < len(old_assign) else None
+            if was == prim:
+                continue
+            if was is not None and was != NO_PRIMITIVE:
+                wb.delete(member_prefix(gen, level, was) + nk, h["members"])
+            if prim != NO_PRIMITIVE:
+                wb.put(member_prefix(gen, level, prim) + nk, b"", h["members"])
+        self.size += 1
+
+    def publish(self, node_id: str, seq: int, model: str, tokens, assign, change: bytes) -> None:
+        """Remember what subscribers will see and queue the change in the outbox."""
+        nk = self.ix.key(node_id)
+        self.wb.put(nk, _enc([seq, model, list(tokens), list(assign)]), self.ix.h["published"])
+        self.wb.put(nk + struct.pack(">Q", seq), change, self.ix.h["outbox"])
+
+    def clear_dirty(self, node_ids) -> None:
+        for n in node_ids:
+            self.wb.delete(self.ix.key(n), self.ix.h["dirty"])
+
+    def set_meta(self, key: bytes, value) -> None:
+        if value is None:
+            self.wb.delete(key, self.ix.h["meta"])
+        else:
+            self.wb.put(key, _enc(value), self.ix.h["meta"])
+
+    def put_raw(self, cf: str, key: bytes, value: bytes) -> None:
+        self.wb.put(key, value, self.ix.h[cf])
+
+    def commit(self) -> None:
+        self.ix.store.write(self.wb)
+        self.wb = WriteBatch(raw_mode=True)
+        self.size = 0
+
+
+def delete_outbox(index: TokenIndex, keys: Sequence[bytes]) -> None:
+    """Drop changes Kafka acknowledged (a crash before this only causes a resend)."""
+    if keys:
+        wb = WriteBatch(raw_mode=True)
+        for k in keys:
+            wb.delete(k, index.h["outbox"])
+        index.store.write(wb)

@@ -1,0 +1,434 @@
+"""The refresh loop: dirty nodes -> views -> encoder -> index records, postings, super-graph
+-> token changes on `hirflow.token-changes`. Also runs hot swaps (`streams.hotswap` hands
+it announcements), so every index write comes from this one thread and none can race.
+
+Crash safety, in order:
+1. claim durable dirty nodes (`GraphWriter.claim_dirty`), encode them;
+2. one RocksDB batch: records + postings + super-graph rows of the active generation (and
+   of the generation being built, during a swap), the published (seq, tokens) per node,
+   the token changes in the outbox, and the deletion of the dirty markers of nodes not
+   touched again meanwhile;
+3. produce the outbox to Kafka, wait for acks, delete the outbox entries.
+A crash before 2 leaves the markers (refreshed again on restart); after 2 the outbox is
+sent again on restart, with the same seq and content, never a different one.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from encoder.checkpoint import CheckpointError
+from encoder.serving import ServingModel, default_device
+from state.graph import GraphStore
+from state.index import (ACTIVE_KEY, ANNOUNCE_PASS_KEY, BUILDING_KEY, IndexRecord, TokenIndex,
+                         delete_outbox)
+from state.memindex import MemoryIndex
+from state.supergraph import SuperGraph
+from state.views import STUDENT, ViewSampler
+from state.writer import GraphWriter
+from streams import changes, clients
+from streams.config import HirflowConfig
+from streams.metrics import (CHECKPOINTS_REFUSED, FRESHNESS, INDEX_GENERATION, INDEX_NODES,
+                             INDEX_SWITCHES, MODEL_INFO, NEIGHBOR_BACKLOG, NODES_REFRESHED,
+                             REFRESH_BATCH, REFRESH_SECONDS, SWAP_PROGRESS, TOKEN_CHANGES)
+from streams.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class _Build:
+    """A generation being built for a new checkpoint."""
+    gen: int
+    model: ServingModel
+    memory: MemoryIndex
+    todo: list[str]
+    done: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class RefreshLoop:
+    def __init__(self, cfg: HirflowConfig, store: GraphStore, writer: GraphWriter,
+                 topics: Topics, producer=None) -> None:
+        self.cfg, self.rcfg = cfg, cfg.refresh
+        self.store, self.writer, self.topics = store, writer, topics
+        self.types = list(cfg.schema.all_node_types)
+        self.index = TokenIndex(store)
+        self.supergraph = SuperGraph(self.index)
+        self.sampler = ViewSampler(store.reader, cfg.schema, STUDENT, seed=self.rcfg.seed)
+        self.device = default_device() if self.rcfg.device == "auto" else self.rcfg.device
+        self.producer = producer or clients.producer(cfg.kafka, **{"linger.ms": 1})
+        self._delivery_errors: list[str] = []
+        self.swap_requests: deque[dict] = deque()
+        self._neighbors: OrderedDict[str, int] = OrderedDict()
+        self._budget, self._budget_t = 0.0, time.monotonic()
+        self._swap_budget, self._swap_t = 0.0, time.monotonic()
+        self.building: _Build | None = None
+        self._announce: list[str] | None = None
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.last_beat = time.monotonic()
+        self.refreshed = 0
+        self._thread: threading.Thread | None = None
+        self._open()
+
+    # -- start-up -------------------------------------------------------------------------
+    def _open(self) -> None:
+        gen, model_id, path = self.index.active()
+        model = None
+        if path:
+            model = self._load(path)
+        elif self.rcfg.checkpoint:
+            model = self._load(self.rcfg.checkpoint)
+            if model is not None:
+                b = self.index.batch()
+                b.set_meta(ACTIVE_KEY, [gen, model.id, model.path])
+                b.commit()
+        self.active = model or ServingModel.cold_start(self.types)
+        self.gen = gen
+        self.memory = self._memory_for(gen, self.active)
+        for rec in self.index.iter_records(gen):
+            self.memory.upsert(rec.node, rec.emb, rec.tokens, rec.assign, rec.seq)
+        self.memory.compact()
+        building = self.index.building()
+        if building is not None:                       # a swap was cut short: start it over
+            log.info("resuming the hot swap to %s (generation %d) from the start", building[1], building[0])
+            self.swap_requests.append({"id": building[1], "path": building[2]})
+        pending = self.index.announce_pending()
+        if pending is not None and pending == self.gen:
+            self._announce = list(self.memory.ids)
+        self._resend_outbox()
+        self._gauges()
+        log.info("serving %s (generation %d, %d nodes)", self.active.id, self.gen, len(self.memory))
+
+    def _load(self, path: str) -> ServingModel | None:
+        try:
+            return ServingModel.from_checkpoint(path, self.device)
+        except (CheckpointError, OSError, ValueError, KeyError) as exc:
+            CHECKPOINTS_REFUSED.inc()
+            log.error("refusing checkpoint %s: %s; keeping the model in use", path, exc)
+            return None
+
+    def _memory_for(self, gen: int, model: ServingModel) -> MemoryIndex:
+        return MemoryIndex(gen, model.id, model.d, model.m, model.levels, self.types,
+                           nbits=model.nbits, codebooks=model.codebooks,
+                           prototypes=model.prototypes())
+
+    def _resend_outbox(self) -> None:
+        pending = list(self.index.outbox())
+        if pending:
+            log.info("re-sending %d token changes that were not acknowledged before a restart", len(pending))
+            self._send([(k, v, None) for k, v in pending])
+
+    # -- the loop -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="hirflow-refresh", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.run_once()
+                self.last_beat = time.monotonic()
+        except BaseException as exc:
+            self.error = exc
+            log.exception("refresh loop failed; stopping the worker")
+            self.stop.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.producer.flush(10)
+
+    def run_once(self) -> int:
+        """One micro-batch of dirty nodes (+ budgeted neighbours), then a slice of swap work.
+        Returns nodes refreshed."""
+        claimed = self.writer.claim_dirty(self.rcfg.batch_max)
+        if not claimed and not self._neighbors and self.building is None and not self._announce \
+                and not self.swap_requests:
+            with self.writer.committed:                # wait for the next ingest commit
+                self.writer.committed.wait(self.rcfg.batch_wait_ms / 1000)
+            claimed = self.writer.claim_dirty(self.rcfg.batch_max)
+        nodes = dict(claimed)
+        for n, ts in self._take_neighbors(self.rcfg.batch_max - len(nodes)):
+            nodes.setdefault(n, ts)
+        done = 0
+        if nodes:
+            try:
+                self.refresh(nodes, claimed)
+            except BaseException:
+                self.writer.unclaim(claimed)
+                raise
+            done = len(nodes)
+        if self.swap_requests and self.building is None:
+            self._start_swap(self.swap_requests.pop())
+            self.swap_requests.clear()
+        if self.building is not None:
+            self._build_step()
+        elif self._announce:
+            self._announce_step()
+        return done
+
+    # -- refresh --------------------------------------------------------------------------
+    def refresh(self, nodes: dict[str, int], claimed: dict[str, int]) -> None:
+        t0 = time.perf_counter()
+        ids = list(nodes)
+        ts = now_ms()
+        self.sampler.invalidate(ids)
+        views = self.sampler.sample(ids, ts)
+        know = self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
+        states = self.store.reader.states(ids)
+        batch = self.index.batch()
+        out = self._write(batch, self.gen, self.active, self.memory, ids, views, know, states,
+                          nodes, ts, publish=True)
+        build = self.building
+        built = None
+        if build is not None:
+            built = self._write(batch, build.gen, build.model, build.memory, ids, views, know,
+                                states, nodes, ts, publish=False)
+        with self.writer.lock:
+            batch.clear_dirty(self.writer.settled(claimed))
+            batch.commit()
+        self._apply_memory(out, self.memory)
+        if build is not None:
+            self._apply_memory(built, build.memory)
+        moved = [rec.node for rec, change in out if change is not None]
+        self._queue_neighbors(moved, states, nodes)
+        self._send([(self._outbox_key(c), changes.encode(c), c) for _, c in out if c is not None])
+        self.refreshed += len(ids)
+        NODES_REFRESHED.labels("dirty").inc(len(claimed))
+        NODES_REFRESHED.labels("neighbor").inc(len(ids) - len(claimed))
+        REFRESH_BATCH.observe(len(ids))
+        REFRESH_SECONDS.observe(time.perf_counter() - t0)
+        self._gauges()
+
+    def _write(self, batch, gen, model: ServingModel, memory: MemoryIndex, ids, views, know,
+               states, event_ts, ts, publish: bool):
+        """Encode with `model` and put records (+ changes when `publish`) into `batch`."""
+        emb, assign, tokens = model.encode(views, know)
+        olds = self.index.records(gen, ids)
+        pubs = self.index.published(ids) if publish else [None] * len(ids)
+        out = []
+        for i, n in enumerate(ids):
+            old, pub = olds[i], pubs[i]
+            seq = pub[0] if pub is not None else (old.seq if old is not None else 0)
+            change = None
+            if publish:
+                change = changes.diff(n, model.id, seq + 1, tokens[i], assign[i], pub,
+                                      event_ts[n], ts)
+                if change is not None:
+                    seq += 1
+                    batch.publish(n, seq, model.id, change.tokens, change.assign, changes.encode(change))
+            rec = IndexRecord(n, model.id, seq, emb[i], tuple(int(t) for t in tokens[i]),
+                              tuple(int(a) for a in assign[i]), event_ts[n], ts)
+            batch.put_record(gen, rec, old)
+            out.append((rec, change))
+        if model.encoder is not None:                  # primitives exist only with a checkpoint
+            new_assign = {rec.node: rec.assign for rec, _ in out}
+
+            def assign_of(node):
+                a = new_assign.get(node)
+                if a is not None:
+                    return a
+                r = memory.row(node)
+                return None if r is None else memory.assign[r].tolist()
+
+            self.supergraph.update(batch, gen, [(s, new_assign[s.id]) for s in states if s is not None],
+                                   assign_of)
+        return out
+
+    @staticmethod
+    def _apply_memory(out, memory: MemoryIndex) -> None:
+        for rec, _ in out:
+            memory.upsert(rec.node, rec.emb, rec.tokens, rec.assign, rec.seq)
+
+    def _outbox_key(self, c: changes.TokenChange) -> bytes:
+        return self.store.keys.key(c.node) + c.seq.to_bytes(8, "big")
+
+    # -- neighbours within a rate budget --------------------------------------------------
+    def _queue_neighbors(self, moved, states, event_ts) -> None:
+        k = self.rcfg.neighbors_per_node
+        if not k or not self.rcfg.neighbor_rate:
+            return
+        by_id = {s.id: s for s in states if s is not None}
+        for n in moved:
+            s = by_id.get(n)
+            if s is None:
+                continue
+            heavy = sorted(s.edges.items(), key=lambda kv: -abs(kv[1][0]))[:k]
+            for (nbr, _a, _d), _ in heavy:
+                if nbr not in self._neighbors:
+                    self._neighbors[nbr] = event_ts[n]
+        while len(self._neighbors) > 100_000:          # bounded: oldest requests go first
+            self._neighbors.popitem(last=False)
+        NEIGHBOR_BACKLOG.set(len(self._neighbors))
+
+    def _take_neighbors(self, room: int) -> list[tuple[str, int]]:
+        t = time.monotonic()
+        rate = self.rcfg.neighbor_rate
+        self._budget = min(rate, self._budget + (t - self._budget_t) * rate)   # 1 s burst
+        self._budget_t = t
+        take = min(room, int(self._budget), len(self._neighbors))
+        out = [self._neighbors.popitem(last=False) for _ in range(max(0, take))]
+        self._budget -= len(out)
+        NEIGHBOR_BACKLOG.set(len(self._neighbors))
+        return out
+
+    # -- emitting -------------------------------------------------------------------------
+    def _on_delivery(self, err, msg) -> None:
+        if err is not None:
+            self._delivery_errors.append(str(err))
+
+    def _send(self, items: list[tuple[bytes, bytes, changes.TokenChange | None]]) -> None:
+        """Produce, wait for every ack, then drop the outbox entries."""
+        if not items:
+            return
+        topic = self.topics.token_changes
+        for key, value, c in items:
+            node = (c or changes.decode(value)).node
+            clients.produce_blocking(self.producer, topic, value, key=node.encode(),
+                                     on_delivery=self._on_delivery)
+        if self.producer.flush(30) or self._delivery_errors:
+            errs, self._delivery_errors = self._delivery_errors, []
+            raise RuntimeError(f"token changes were not acknowledged: {errs[:3]}")
+        emitted = now_ms()
+        for _, _, c in items:
+            if c is not None and c.model == self.active.id:
+                FRESHNESS.observe(max(0, emitted - c.event_ts) / 1000)
+        TOKEN_CHANGES.inc(len(items))
+        delete_outbox(self.index, [k for k, _, _ in items])
+
+    # -- hot swap -------------------------------------------------------------------------
+    def request_swap(self, announcement: dict) -> None:
+        """Called by the checkpoint watcher (another thread); acted on by this loop."""
+        self.swap_requests.append(announcement)
+
+    def _start_swap(self, ann: dict) -> None:
+        ck_id, path = ann.get("id"), ann.get("path")
+        if ck_id == self.active.id and self.index.building() is None:
+            return
+        model = self._load(path)
+        if model is None:
+            b = self.index.batch()
+            b.set_meta(BUILDING_KEY, None)
+            b.commit()
+            return
+        if ck_id and model.id != ck_id:
+            CHECKPOINTS_REFUSED.inc()
+            log.error("refusing checkpoint %s: announced as %s but its content id is %s",
+                      path, ck_id, model.id)
+            return
+        gen = (self.gen + 1) & 0xFFFF
+        self.index.clear_generation(gen)
+        self.supergraph.clear_generation(gen)
+        b = self.index.batch()
+        b.set_meta(BUILDING_KEY, [gen, model.id, model.path])
+        b.commit()
+        todo = sorted(set(self.memory.ids) | set(self.store.reader.node_ids()))
+        self.building = _Build(gen, model, self._memory_for(gen, model), todo)
+        self._swap_budget, self._swap_t = 0.0, time.monotonic()
+        SWAP_PROGRESS.set(0.0)
+        log.info("hot swap to %s started: re-encoding %d nodes into generation %d",
+                 model.id, len(todo), gen)
+
+    def _build_step(self) -> None:
+        b = self.building
+        t = time.monotonic()
+        rate = self.rcfg.swap_rate
+        self._swap_budget = min(rate, self._swap_budget + (t - self._swap_t) * rate)
+        self._swap_t = t
+        n = min(self.rcfg.batch_max, int(self._swap_budget), len(b.todo) - b.done)
+        if n > 0:
+            ids = b.todo[b.done:b.done + n]
+            ts = now_ms()
+            views = self.sampler.sample(ids, ts)
+            know = self.store.reader.knowledge(sorted({x for v in views for x in v.nodes}))
+            states = self.store.reader.states(ids)
+            olds = {r.node: r for r in self.index.records(self.gen, ids) if r is not None}
+            event_ts = {i: (olds[i].event_ts if i in olds else ts) for i in ids}
+            batch = self.index.batch()
+            out = self._write(batch, b.gen, b.model, b.memory, ids, views, know, states,
+                              event_ts, ts, publish=False)
+            batch.commit()
+            self._apply_memory(out, b.memory)
+            b.done += n
+            self._swap_budget -= n
+            NODES_REFRESHED.labels("hot_swap").inc(n)
+        SWAP_PROGRESS.set(b.done / max(1, len(b.todo)))
+        if b.done >= len(b.todo):
+            self._switch()
+
+    def _switch(self) -> None:
+        """Flip the serving generation in one write, then announce the new tokens."""
+        b, old_gen, old_model = self.building, self.gen, self.active.id
+        batch = self.index.batch()
+        batch.set_meta(ACTIVE_KEY, [b.gen, b.model.id, b.model.path])
+        batch.set_meta(BUILDING_KEY, None)
+        batch.set_meta(ANNOUNCE_PASS_KEY, b.gen)
+        batch.commit()
+        b.memory.compact()
+        self.active, self.gen, self.memory = b.model, b.gen, b.memory
+        self.building = None
+        self._announce = list(b.memory.ids)
+        INDEX_SWITCHES.inc()
+        try:
+            MODEL_INFO.remove(old_model)
+        except KeyError:
+            pass
+        self.index.clear_generation(old_gen)
+        self.supergraph.clear_generation(old_gen)
+        log.info("switched to %s: generation %d serving %d nodes (hot swap took %.1fs)",
+                 b.model.id, b.gen, len(b.memory), time.monotonic() - b.started)
+        self._gauges()
+
+    def _announce_step(self) -> None:
+        """Token changes for the new model, a micro-batch at a time (idempotent: nodes whose
+        published model already matches are skipped, so a restart can run it again)."""
+        ids, self._announce = self._announce[:self.rcfg.batch_max], self._announce[self.rcfg.batch_max:]
+        recs = self.index.records(self.gen, ids)
+        pubs = self.index.published(ids)
+        ts = now_ms()
+        batch = self.index.batch()
+        out = []
+        for rec, pub in zip(recs, pubs):
+            if rec is None:
+                continue
+            seq = pub[0] if pub is not None else rec.seq
+            c = changes.diff(rec.node, rec.model, seq + 1, rec.tokens, rec.assign, pub, ts, ts)
+            if c is None:
+                continue
+            batch.publish(rec.node, c.seq, rec.model, c.tokens, c.assign, changes.encode(c))
+            new = IndexRecord(rec.node, rec.model, c.seq, rec.emb, rec.tokens, rec.assign,
+                              rec.event_ts, rec.ts)
+            batch.put_record(self.gen, new, rec)
+            self.memory.seq[self.memory.row(rec.node)] = c.seq
+            out.append(c)
+        if not self._announce:
+            batch.set_meta(ANNOUNCE_PASS_KEY, None)
+        batch.commit()
+        self._send([(self._outbox_key(c), changes.encode(c), c) for c in out])
+
+    # -- health and gauges ----------------------------------------------------------------
+    def _gauges(self) -> None:
+        INDEX_NODES.set(len(self.memory))
+        INDEX_GENERATION.set(self.gen)
+        MODEL_INFO.labels(self.active.id).set(1)
+        if self.building is None:
+            SWAP_PROGRESS.set(1.0)
+
+    def status(self) -> dict:
+        b = self.building
+        return {"model": self.active.id, "generation": self.gen, "index_nodes": len(self.memory),
+                "dirty_backlog": len(self.writer.dirty), "neighbor_backlog": len(self._neighbors),
+                "refreshed": self.refreshed,
+                "hot_swap": None if b is None else {"model": b.model.id, "generation": b.gen,
+                                                    "done": b.done, "total": len(b.todo)}}
+

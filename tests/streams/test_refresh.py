@@ -1,0 +1,137 @@
+"""The refresh loop on a real broker and store: records, postings, token changes, seq."""
+from __future__ import annotations
+
+import numpy as np
+
+from state.events import Engagement, Entity
+from state.index import NO_PRIMITIVE
+from streams.subscribe import Subscriber
+from tests.conftest import replace_section
+from tests.streams.refresh_helpers import assert_index_matches_state, loop_over, settle
+
+
+def _collect(sub, want, tries=40):
+    got = []
+    for _ in range(tries):
+        got += sub.poll(0.5)
+        if want(got):
+            break
+    return got
+
+
+def test_cold_start_serves_world_knowledge_and_type_and_publishes(cfg, tiny_world):
+    store, writer, loop = loop_over(cfg, tiny_world[:300])
+    try:
+        writer.upsert_entity(Entity("ad:a0", 1, "trail running shoes", None, None))
+        writer.set_knowledge("ad:a0", np.ones(384, np.float32))
+        writer.commit_entities({})
+        settle(loop)
+        rec = loop.index.records(loop.gen, ["ad:a0"])[0]
+        assert rec.model == "cold-start" and all(a == NO_PRIMITIVE for a in rec.assign)
+        assert np.isclose(np.linalg.norm(rec.emb), 1.0) and len(rec.tokens) == loop.active.m
+        assert not store.reader.dirty() and not writer.dirty
+        assert_index_matches_state(loop)
+        with Subscriber(cfg, group_id="t-cold") as sub:
+            got = _collect(sub, lambda g: any(c.node == "ad:a0" for c in g))
+        c = next(c for c in got if c.node == "ad:a0")
+        assert c.seq == 1 and c.tokens == list(rec.tokens) and sorted(c.added) == sorted(c.tokens)
+        assert c.ts >= c.event_ts
+        assert not list(loop.index.outbox())
+    finally:
+        loop.close()
+        store.close()
+
+
+def _strongest(loop, node, t, level=1):
+    w = loop.supergraph.node_primitives(loop.gen, node, level, t)
+    return max(w, key=w.get) if w else None
+
+
+def _majority(loop, nodes, level=1):
+    a = [int(loop.memory.assign[loop.memory.row(n), level]) for n in nodes]
+    return max(set(a), key=a.count)
+
+
+def test_user_moving_to_a_new_interest_changes_tokens_and_assignment(cfg, tiny_world, tiny_checkpoints):
+    """A new user engages ads of primitive A, then far more ads of primitive B: its strongest
+    super-graph primitive follows, its tokens change and a subscriber receives each change
+    in seq order. (The tiny test model puts every user in one coarse primitive whatever it
+    engages with, and re-assigns the B ads once they share a user with A, so the test
+    follows where the engaged ads are assigned now, through the super-graph.)"""
+    cfg = replace_section(cfg, "refresh", checkpoint=str(tiny_checkpoints[0]))
+    store, writer, loop = loop_over(cfg, tiny_world)
+    try:
+        settle(loop, 200)
+        assert loop.active.id == tiny_checkpoints[0].name
+        assert_index_matches_state(loop)
+        ads = [n for n in loop.memory.ids if n.startswith("ad:")]
+        by_prim: dict[int, list[str]] = {}
+        for a in ads:
+            by_prim.setdefault(int(loop.memory.assign[loop.memory.row(a), 0]), []).append(a)
+        (p_a, ads_a), (p_b, ads_b) = sorted(by_prim.items(), key=lambda kv: -len(kv[1]))[:2]
+        t = max(e.ts for e in tiny_world)
+        user = "user:newcomer"
+        first = [Engagement(user, a, "conversion", t + i, 5.0) for i, a in enumerate(ads_a[:8])]
+        writer.apply_batch([(e, 3) for e in first])
+        writer.commit()
+        settle(loop)
+        before = loop.index.records(loop.gen, [user])[0]
+        assert _strongest(loop, user, t + 10) == _majority(loop, ads_a[:8])
+        later = [Engagement(user, a, "conversion", t + 1000 + i, 50.0)
+                 for i, a in enumerate(ads_b[:8]) for _ in range(3)]
+        writer.apply_batch([(e, 3) for e in later])
+        writer.commit()
+        settle(loop)
+        after = loop.index.records(loop.gen, [user])[0]
+        assert _strongest(loop, user, t + 2000) == _majority(loop, ads_b[:8])
+        weights = loop.supergraph.node_primitives(loop.gen, user, 1, t + 2000)
+        assert sum(weights.values()) > 0.99 * sum(e.w for e in first + later)
+        assert after.seq > before.seq         # once as an endpoint, then as a neighbour of moved ads
+        assert set(after.tokens) != set(before.tokens) or after.assign != before.assign
+        p = _majority(loop, ads_b[:8])
+        assert loop.supergraph.related(loop.gen, 1, int(after.assign[1]), t + 2000, k=50) \
+            or int(after.assign[1]) == p             # the user's primitive links to the ads'
+        with Subscriber(cfg, group_id="t-move") as sub:
+            got = _collect(sub, lambda g: any(c.node == user and c.seq == after.seq for c in g))
+        mine = [c for c in got if c.node == user]
+        seqs = [c.seq for c in mine]
+        assert seqs == sorted(set(seqs)) and seqs[0] == 1 and seqs[-1] == after.seq
+        assert mine[-1].assign == list(after.assign) and mine[-1].model == loop.active.id
+        assert mine[-1].tokens == list(after.tokens)
+        assert any(c.event_ts == later[0].ts for c in mine)
+        assert_index_matches_state(loop)
+    finally:
+        loop.close()
+        store.close()
+
+
+def test_no_change_is_published_when_nothing_visible_changed(cfg, tiny_world, tiny_checkpoints):
+    cfg = replace_section(cfg, "refresh", checkpoint=str(tiny_checkpoints[0]), neighbor_rate=0.0)
+    store, writer, loop = loop_over(cfg, tiny_world[:400])
+    try:
+        settle(loop, 100)
+        seqs = {n: loop.index.published([n])[0][0] for n in loop.memory.ids[:20]}
+        node = loop.memory.ids[0]
+        loop.refresh({node: 1}, {})             # same state, same model: same tokens
+        assert loop.index.published([node])[0][0] == seqs[node]
+        assert not list(loop.index.outbox())
+    finally:
+        loop.close()
+        store.close()
+
+
+def test_a_node_dirtied_again_while_it_is_encoded_stays_dirty(cfg, tiny_world):
+    store, writer, loop = loop_over(cfg, tiny_world[:200])
+    try:
+        claimed = writer.claim_dirty(10_000)
+        node = next(iter(claimed))
+        e = Engagement(node, "ad:late", "click", max(claimed.values()) + 10, 1.0)
+        writer.apply_batch([(e, 3)])             # arrives while the batch is being encoded
+        writer.commit()
+        loop.refresh(claimed, claimed)
+        assert node in writer.dirty and node in store.reader.dirty()
+        settle(loop)
+        assert not store.reader.dirty()
+    finally:
+        loop.close()
+        store.close()
