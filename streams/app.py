@@ -62,9 +62,13 @@ def build_app(cfg: HirflowConfig, runtime: WorkerRuntime) -> faust.App:
 
         async def on_start(self) -> None:
             runtime.start_ingest()
+            # loading a checkpoint and the serving index can take seconds: off the event loop
+            await asyncio.get_running_loop().run_in_executor(None, runtime.start_refresh)
 
         async def on_stop(self) -> None:
-            await asyncio.get_running_loop().run_in_executor(None, runtime.stop_ingest)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, runtime.stop_refresh)
+            await loop.run_in_executor(None, runtime.stop_ingest)
 
         @mode.Service.task
         async def _watch(self) -> None:
@@ -72,6 +76,10 @@ def build_app(cfg: HirflowConfig, runtime: WorkerRuntime) -> faust.App:
                 if runtime.error is not None:
                     log.error("ingest failed, stopping worker: %s", runtime.error)
                     app._crash(runtime.error)
+                    return
+                if runtime.refresh is not None and runtime.refresh.error is not None:
+                    log.error("refresh failed, stopping worker: %s", runtime.refresh.error)
+                    app._crash(runtime.refresh.error)
                     return
                 await self.sleep(1.0)
 

@@ -55,6 +55,9 @@ class WorkerRuntime:
         self._entity_producer = None
         self._entity_dead: DeadLetters | None = None
         self.text_encoder = _text_encoder(cfg.worker.knowledge)
+        self.refresh = None
+        self.watcher = None
+        self.query = None
 
     # -- ingest thread --------------------------------------------------------------------
     def start_ingest(self) -> None:
@@ -74,6 +77,27 @@ class WorkerRuntime:
             self.error = exc
             log.exception("ingest loop failed; stopping the worker")
             self.stop.set()
+
+    # -- refresh thread and checkpoint watcher --------------------------------------------
+    def start_refresh(self) -> None:
+        """Refresh loop + hot-swap watcher + query service (skipped when refresh.enabled is
+        false, e.g. an ingest-only benchmark)."""
+        if not self.cfg.refresh.enabled:
+            return
+        from streams.hotswap import CheckpointWatcher
+        from streams.query import QueryService
+        from streams.refresh import RefreshLoop
+        self.refresh = RefreshLoop(self.cfg, self.store, self.writer, self.topics)
+        self.query = QueryService(self.refresh)
+        self.refresh.start()
+        self.watcher = CheckpointWatcher(self.cfg, self.refresh.request_swap)
+        self.watcher.start()
+
+    def stop_refresh(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+        if self.refresh is not None:
+            self.refresh.close()
 
     def stop_ingest(self, timeout: float = 30.0) -> None:
         self.stop.set()
@@ -135,6 +159,12 @@ class WorkerRuntime:
             return False, "ingest thread not running"
         if time.monotonic() - self.last_beat > 60:
             return False, "ingest loop stalled for over 60 s"
+        r = self.refresh
+        if r is not None:
+            if r.error is not None:
+                return False, f"refresh failed: {r.error}"
+            if time.monotonic() - r.last_beat > 120:
+                return False, "refresh loop stalled for over 120 s"
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
@@ -148,6 +178,7 @@ class WorkerRuntime:
         STATE_BYTES.set(self.store.reader.size_bytes())
 
     def close(self) -> None:
+        self.stop_refresh()
         self.stop_ingest()
         if self._entity_producer is not None:
             self._entity_producer.flush(10)

@@ -8,7 +8,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from state.events import Engagement, Entity, encode_entity
 from state.graph import GraphStore
-from streams import clients
+from state.index import TokenIndex
+from streams import changes, clients
 from streams.replay import produce
 from streams.synth import SynthConfig, SynthWorld
 from streams.topics import Topics
@@ -23,14 +24,38 @@ def committed_total(cfg, topic: str) -> int:
     return sum(max(0, tp.offset) for tp in tps)
 
 
-def test_kill_9_at_random_moments_loses_nothing_and_applies_nothing_twice(cfg, tmp_path):
+def _wait_refreshed(w, timeout=120.0):
+    """Until the worker reports no dirty node and no neighbour backlog."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = w.metrics()
+        if m and m.get("hirflow_dirty_nodes", 1) == 0 and m.get("hirflow_neighbor_refresh_backlog", 1) == 0:
+            return
+        assert time.monotonic() < deadline, f"refresh did not catch up: {m.get('hirflow_dirty_nodes')}"
+        time.sleep(0.3)
+
+
+def _changes_by_seq(cfg) -> dict:
+    from tests.streams.kafka_helpers import drain
+    topic = Topics(cfg.kafka.topic_prefix).token_changes
+    seen: dict[tuple[str, int], set[bytes]] = {}
+    for m in drain(cfg, topic, 10**9, timeout=8):
+        c = changes.decode(m.value())
+        seen.setdefault((c.node, c.seq), set()).add(m.value())
+    return seen
+
+
+def test_kill_9_at_random_moments_loses_nothing_and_applies_nothing_twice(cfg, tmp_path, tiny_checkpoints):
+    """Ingest and refresh both run in the killed process: state equals a direct apply, no
+    dirty node is lost, no seq is reused for different content, index agrees with state."""
     world = SynthWorld(SynthConfig(events=30_000, users=300, advertisers=8, seed=11))
     items = list(world.stream())
     evs = [e for e in items if isinstance(e, Engagement)]
     produce(cfg, items, progress=False)
     rnd = random.Random(5)
     env = {"HIRFLOW_INGEST__BATCH_MAX": "700", "HIRFLOW_GRAPH__TOP_K": str(cfg.graph.top_k),
-           "HIRFLOW_WORKER__KNOWLEDGE": "false"}      # restarts stay quick without MiniLM    # many commits, so kills land between and in them
+           "HIRFLOW_WORKER__KNOWLEDGE": "false",     # restarts stay quick without MiniLM
+           "HIRFLOW_REFRESH__CHECKPOINT": str(tiny_checkpoints[0])}   # many commits, so kills land between and in them
     topic = Topics(cfg.kafka.topic_prefix).engagements
     for round_ in range(3):
         w = WorkerProcess(cfg, tmp_path / "worker.log", env).start()
@@ -44,9 +69,25 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_nothing_twice(cfg, t
     while committed_total(cfg, topic) < len(evs):
         assert time.monotonic() < deadline, "worker did not finish the stream"
         time.sleep(0.3)
+    _wait_refreshed(w)
     assert w.stop() == 0
     with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
         after_crashes = digest(store)
+        assert not store.reader.dirty()
+        ix = TokenIndex(store)
+        gen, model, _ = ix.active()
+        assert model == tiny_checkpoints[0].name
+        recs = {r.node: r for r in ix.iter_records(gen)}
+        assert set(store.reader.node_ids()) <= set(recs)            # no refresh was lost
+        want = sorted((t, store.keys.key(n)) for n, r in recs.items() for t in r.tokens)
+        have = sorted((int.from_bytes(k[2:6], "big"), k[-10:]) for k, _ in ix._scan("postings", b""))
+        assert have == want                                          # index agrees with state
+        published = dict(zip(recs, ix.published(list(recs))))
+        assert not list(ix.outbox())
+    seen = _changes_by_seq(cfg)
+    assert all(len(v) == 1 for v in seen.values()), "a seq was reused for different content"
+    for node, pub in published.items():                              # subscribers saw the latest
+        assert pub is not None and (node, pub[0]) in seen
     with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
         apply_direct(store, evs, cfg.graph)
         assert_same_state(after_crashes, digest(store))
@@ -75,6 +116,28 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path):
         for name in ("hirflow_events_consumed_total", "hirflow_ingest_batch_seconds_count",
                      "hirflow_state_bytes", "hirflow_dirty_nodes", "hirflow_consumer_lag"):
             assert name in m, name
+        _wait_refreshed(w)
+        expect = {"/v1/nodes/user:1": 200, "/v1/nodes/ad:7": 200, "/v1/nodes/nonsense": 400,
+                  "/v1/nodes/user:404": 404, "/v1/retrieve?user=user:1": 200,
+                  "/v1/retrieve?user=user:1&k=abc": 400, "/v1/retrieve?user=user:1&k=0": 400,
+                  "/v1/retrieve?user=user:1&types=spaceship": 400, "/v1/retrieve": 400,
+                  "/v1/similar?node=ad:7&k=5": 200, "/v1/similar?node=ad:999": 404,
+                  "/v1/primitives/0/0": 409, "/v1/primitives/x/0": 400,
+                  "/v1/proximity?node=user:1&level=0&prim=0": 409, "/v1/status": 200,
+                  "/openapi.json": 200}
+        got = {path: w.get(path)[0] for path in expect}
+        assert got == expect
+        node = json.loads(w.get("/v1/nodes/ad:7")[1])
+        assert node["model"] == "cold-start" and len(node["tokens"]) == 8
+        hits = json.loads(w.get("/v1/retrieve?user=user:1&k=5")[1])["results"]
+        assert set(h["node"] for h in hits) <= {"ad:7"}   # cold start: only shared sign-hash tokens
+        sim = json.loads(w.get("/v1/similar?node=ad:7&k=5")[1])["results"]
+        assert all(h["node"] != "ad:7" for h in sim)
+        assert set(json.loads(w.get("/openapi.json")[1])["paths"]) >= {"/v1/retrieve", "/v1/nodes/{node}"}
+        m = w.metrics()
+        for name in ("hirflow_freshness_seconds_count", "hirflow_refresh_batch_seconds_count",
+                     "hirflow_index_nodes", "hirflow_model_info", "hirflow_hot_swap_progress"):
+            assert name in m, name
     finally:
         assert w.stop() == 0
     with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
@@ -82,4 +145,5 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path):
         vec = store.reader.knowledge(["ad:7"])["ad:7"]             # MiniLM world knowledge
         assert vec.shape == (384,) and abs(float(vec @ vec) - 1.0) < 1e-3
         assert store.reader.entity("ad:8") is None
-        assert {"user:1", "ad:7"} <= set(store.reader.dirty())
+        recs = TokenIndex(store).records(0, ["user:1", "ad:7"])       # refreshed (cold start)
+        assert all(r is not None and r.model == "cold-start" for r in recs)

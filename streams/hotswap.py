@@ -1,0 +1,84 @@
+"""Watches `hirflow.checkpoints` and hands the newest announcement to the refresh loop.
+
+The topic is read from the start on every worker start (it is small and compacted); only
+the newest announcement seen once caught up is acted on, so a restarted worker does not
+walk through every historical checkpoint. The refresh loop verifies and loads it, builds
+the new index generation beside the serving one and switches when complete; a checkpoint
+that fails verification is refused there with a log line and a metric. An announcement
+that cannot even be decoded goes to the dead-letter topic.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+import msgpack
+
+from streams import clients
+from streams.config import HirflowConfig
+from streams.deadletter import DeadLetters
+from streams.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+def parse_announcement(raw: bytes | None) -> dict:
+    """{id, path, ...} or ValueError with the reason."""
+    try:
+        rec = msgpack.unpackb(raw or b"")
+    except Exception as exc:
+        raise ValueError(f"undecodable announcement: {exc}") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("path"), str):
+        raise ValueError("announcement must be a map with string id and path")
+    return rec
+
+
+class CheckpointWatcher:
+    def __init__(self, cfg: HirflowConfig, on_announcement, poll_s: float = 0.5) -> None:
+        self.cfg = cfg
+        self.topics = Topics(cfg.kafka.topic_prefix)
+        self.on_announcement = on_announcement
+        self.poll_s = poll_s
+        # a fresh group each start: always read the whole (small) topic from the start
+        self.consumer = clients.consumer(cfg.kafka, f"{cfg.worker.app_id}-ckpt-{uuid.uuid4().hex[:8]}")
+        self.stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dead: DeadLetters | None = None
+        self._producer = None
+
+    def start(self) -> None:
+        self.consumer.subscribe([self.topics.checkpoints])
+        self._thread = threading.Thread(target=self._run, name="hirflow-checkpoints", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        latest = None
+        while not self.stop.is_set():
+            msgs = self.consumer.consume(100, timeout=self.poll_s)
+            for m in msgs:
+                if m.error() is not None:
+                    continue
+                try:
+                    latest = parse_announcement(m.value())
+                except ValueError as exc:
+                    log.error("bad checkpoint announcement at offset %d: %s", m.offset(), exc)
+                    self._dead_letters().send(m, "bad_announcement", str(exc))
+            if not msgs and latest is not None:        # caught up: act on the newest only
+                log.info("checkpoint %s announced at %s", latest["id"], latest["path"])
+                self.on_announcement(latest)
+                latest = None
+
+    def _dead_letters(self) -> DeadLetters:
+        if self._dead is None:
+            self._producer = clients.producer(self.cfg.kafka)
+            self._dead = DeadLetters(self._producer, self.topics.dead_letter)
+        return self._dead
+
+    def close(self) -> None:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self._producer is not None:
+            self._producer.flush(10)
+        self.consumer.close()

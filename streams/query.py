@@ -1,0 +1,138 @@
+"""The query API's logic, independent of the web framework: parameters in, JSON-able out.
+
+Answers come from the refresh loop's serving generation (`MemoryIndex`) and the super-graph
+in RocksDB. Bad parameters raise `QueryError` with a 4xx status and a message that says
+what is wrong; nothing a caller sends may produce a 500.
+"""
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+import numpy as np
+
+from streams.refresh import RefreshLoop
+
+MAX_K = 1000
+
+
+class QueryError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _int(params: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int:
+    raw = params.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise QueryError(400, f"missing parameter {name!r}")
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise QueryError(400, f"{name} must be an integer, got {raw!r}") from None
+    if not lo <= v <= hi:
+        raise QueryError(400, f"{name} must be in [{lo}, {hi}], got {v}")
+    return v
+
+
+class QueryService:
+    def __init__(self, refresh: RefreshLoop) -> None:
+        self.refresh = refresh
+        self.types = set(refresh.types)
+
+    # -- parameter helpers ----------------------------------------------------------------
+    def _types(self, params) -> list[str] | None:
+        raw = params.get("types")
+        if not raw:
+            return None
+        types = [t.strip() for t in raw.split(",") if t.strip()]
+        bad = [t for t in types if t not in self.types]
+        if bad:
+            raise QueryError(400, f"unknown node type(s) {bad}; known: {sorted(self.types)}")
+        return types
+
+    def _node(self, params, name: str = "node") -> str:
+        node = params.get(name)
+        if not node:
+            raise QueryError(400, f"missing parameter {name!r} (a node id such as user:42)")
+        t, sep, key = node.partition(":")
+        if not sep or not key or t not in self.types:
+            raise QueryError(400, f"{name} must be 'type:key' with a known type, got {node!r}")
+        return node
+
+    def _level(self, params) -> int:
+        return _int(params, "level", None, 0, self.refresh.active.levels - 1)
+
+    # -- endpoints ------------------------------------------------------------------------
+    def node(self, node: str) -> dict:
+        self._node({"node": node})
+        mem = self.refresh.memory
+        out = mem.get(node)
+        if out is None:
+            raise QueryError(404, f"{node} is not in the index (unknown, or not refreshed yet)")
+        return out
+
+    def retrieve(self, params) -> dict:
+        """Ads/products (or `types`) for a user: shared-token candidates re-ranked by dot."""
+        user = self._node(params, "user")
+        k = _int(params, "k", 50, 1, MAX_K)
+        probes = _int(params, "probes", 8, 0, 4096)
+        types = self._types(params) or ["ad", "product"]
+        mem = self.refresh.memory
+        row = mem.row(user)
+        if row is None:
+            raise QueryError(404, f"{user} is not in the index")
+        t0 = time.perf_counter()
+        hits = mem.search(mem.emb[row].copy(), mem.tokens[row].tolist(), k, types,
+                          exclude=[user], probes=probes)
+        return {"user": user, "model": mem.model, "types": types,
+                "took_ms": round((time.perf_counter() - t0) * 1000, 3),
+                "results": [{"node": n, "score": round(s, 6)} for n, s in hits]}
+
+    def similar(self, params) -> dict:
+        node = self._node(params)
+        k = _int(params, "k", 20, 1, MAX_K)
+        probes = _int(params, "probes", 8, 0, 4096)
+        hits = self.refresh.memory.similar(node, k, self._types(params), probes=probes)
+        if hits is None:
+            raise QueryError(404, f"{node} is not in the index")
+        return {"node": node, "results": [{"node": n, "score": round(s, 6)} for n, s in hits]}
+
+    def primitive(self, level: str, prim: str, params) -> dict:
+        lv = _int({"level": level}, "level", None, 0, self.refresh.active.levels - 1)
+        mem = self.refresh.memory
+        if mem.prototypes is None:
+            raise QueryError(409, "no checkpoint is serving yet: primitives do not exist (cold start)")
+        p = _int({"prim": prim}, "prim", None, 0, len(mem.prototypes[lv]) - 1)
+        k = _int(params, "k", 20, 1, MAX_K)
+        t = int(time.time() * 1000)
+        members = mem.members(lv, p, k, self._types(params))
+        related = self.refresh.supergraph.related(mem.gen, lv, p, t, k)
+        return {"level": lv, "primitive": p, "model": mem.model,
+                "members": [{"node": n, "cosine": round(s, 6)} for n, s in members],
+                "related": [{"primitive": q, "weight": round(w, 6)} for q, w in related]}
+
+    def proximity(self, params) -> dict:
+        """How close a node (user or ad) is to a primitive: cosine to its prototype, the
+        decayed weight of its edges into the primitive, and whether it is assigned there."""
+        node = self._node(params)
+        lv = self._level(params)
+        mem = self.refresh.memory
+        if mem.prototypes is None:
+            raise QueryError(409, "no checkpoint is serving yet: primitives do not exist (cold start)")
+        p = _int(params, "prim", None, 0, len(mem.prototypes[lv]) - 1)
+        row = mem.row(node)
+        if row is None:
+            raise QueryError(404, f"{node} is not in the index")
+        weights = self.refresh.supergraph.node_primitives(mem.gen, node, lv, int(time.time() * 1000))
+        total = sum(abs(w) for w in weights.values())
+        cos = float(np.dot(mem.emb[row], mem.prototypes[lv][p]))
+        return {"node": node, "level": lv, "primitive": p, "cosine": round(cos, 6),
+                "assigned": int(mem.assign[row, lv]) == p,
+                "behaviour_weight": round(weights.get(p, 0.0), 6),
+                "behaviour_share": round(abs(weights.get(p, 0.0)) / total, 6) if total else 0.0}
+
+    def status(self) -> dict:
+        return self.refresh.status()
