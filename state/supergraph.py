@@ -20,6 +20,7 @@ import struct
 from typing import Callable, Mapping, Sequence
 
 import msgspec
+from rocksdict import WriteBatch
 
 from state.decay import add, value_at
 from state.index import NO_PRIMITIVE, IndexBatch, TokenIndex, gen_prefix
@@ -60,8 +61,12 @@ def _pair_key(gen: int, level: int, p: int, q: int) -> bytes:
 class SuperGraph:
     def __init__(self, index: TokenIndex) -> None:
         self.ix = index
-        self.cf = index.cf["supergraph"]
         self.rates = index.store.rates
+
+    @property
+    def cf(self):
+        # looked up per use: a held column-family handle would keep RocksDB's lock after close
+        return self.ix.cf["supergraph"]
 
     def update(self, batch: IndexBatch, gen: int,
                nodes: Sequence[tuple[NodeState, Sequence[int]]],
@@ -123,7 +128,6 @@ class SuperGraph:
         return out[:k]
 
     def clear_generation(self, gen: int) -> None:
-        from rocksdict import WriteBatch
         for tag in (b"n", b"p"):
             keys = [k for k, _ in self.ix._scan("supergraph", tag + gen_prefix(gen))]
             wb = WriteBatch(raw_mode=True)

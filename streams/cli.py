@@ -65,7 +65,8 @@ def cli(ctx, config_file, sets, bootstrap, state_path, partitions, topic_prefix,
     Pieces:
       hirflow broker                 # embedded Kafka-compatible broker on 127.0.0.1:9092
       hirflow topics create          # create hirflow.* topics (idempotent)
-      hirflow worker                 # the stream worker (ingest + entity agent + /metrics)
+      hirflow worker                 # the stream worker: ingest, refresh, query API, /metrics
+      hirflow subscribe              # print token changes as they are published
       hirflow synth --produce        # stream a synthetic ads world with planted interests
       hirflow replay FILE            # produce JSONL / CSV / Taobao UserBehavior files
     """
@@ -106,18 +107,22 @@ def topics_create(obj: Ctx):
 @cli.command()
 @click.option("--index", type=int, help="This worker's index (worker.index).")
 @click.option("--count", type=int, help="Number of workers (worker.count).")
-@click.option("--web-port", type=int, help="Port of /health, /ready, /metrics (worker.web_port).")
+@click.option("--web-port", type=int, help="Port of the query API, /health, /ready, /metrics "
+                                          "(worker.web_port).")
+@click.option("--checkpoint", help="Checkpoint to serve at first start (refresh.checkpoint).")
 @click.option("--create-topics/--no-create-topics", default=True, show_default=True,
               help="Create missing topics before starting.")
 @click.pass_obj
-def worker(obj: Ctx, index, count, web_port, create_topics):
-    """Run the stream worker: engagement ingest, entity agent, health and metrics."""
+def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
+    """Run the stream worker: engagement ingest, entity agent, refresh loop (token changes),
+    hot swap of announced checkpoints, the query API, health and metrics."""
     import faust
 
     from streams.app import build_app
     from streams.runtime import WorkerRuntime
     from streams.topics import Topics, ensure_topics
-    cfg = obj.config(**{"worker.index": index, "worker.count": count, "worker.web_port": web_port})
+    cfg = obj.config(**{"worker.index": index, "worker.count": count, "worker.web_port": web_port,
+                        "refresh.checkpoint": checkpoint})
     if create_topics:
         ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
     runtime = WorkerRuntime(cfg)
@@ -296,6 +301,58 @@ def evaluate(obj: Ctx, checkpoint, input_path, fmt, labels, train_share, out):
         lab = {r["node"]: r for r in map(json.loads, labels.read_text().splitlines()) if "fine" in r}
     metrics = run_eval(checkpoint, evs, windows, cfg.schema, out, labels=lab)
     click.echo(json.dumps(metrics, indent=2))
+
+
+@cli.command()
+@click.option("--group", default="hirflow-cli-subscriber", show_default=True,
+              help="Consumer group (offsets are committed: a second run continues).")
+@click.option("--from-start/--latest", default=True, show_default=True,
+              help="Where a new group starts reading.")
+@click.option("--count", type=int, help="Stop after this many changes.")
+@click.option("--idle-stop", type=float, help="Stop after this many seconds without a change.")
+@click.option("--node", "nodes", multiple=True, help="Only changes of these nodes.")
+@click.pass_obj
+def subscribe(obj: Ctx, group, from_start, count, idle_stop, nodes):
+    """Print token changes (JSON lines), deduplicated by (node, seq)."""
+    import msgspec
+
+    from streams.subscribe import Subscriber
+    cfg = obj.config()
+    n = 0
+    with Subscriber(cfg, group_id=group, from_start=from_start) as sub:
+        for c in sub.changes(timeout=0.5, idle_stop=idle_stop):
+            if nodes and c.node not in nodes:
+                continue
+            click.echo(msgspec.json.encode(c).decode())
+            n += 1
+            if count is not None and n >= count:
+                break
+
+
+@cli.command()
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Output file (.jsonl, .npz or .parquet).")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "npz", "parquet"]),
+              help="Default: from the file name.")
+@click.option("--node", "nodes", multiple=True, help="Only these nodes (repeatable).")
+@click.option("--type", "types", multiple=True, help="Only nodes of these types (repeatable).")
+@click.pass_obj
+def export(obj: Ctx, out, fmt, nodes, types):
+    """Write embeddings, BoM tokens and assignments of the serving index (worker stopped)."""
+    from state.graph import GraphStore
+    from state.index import TokenIndex
+    from streams.export import select, write
+    cfg = obj.config()
+    fmt = fmt or {".jsonl": "jsonl", ".npz": "npz", ".parquet": "parquet"}.get(out.suffix)
+    if fmt is None:
+        raise click.UsageError(f"cannot tell the format of {out}; pass --format")
+    with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
+        model, recs = select(TokenIndex(store), nodes, types)
+        try:
+            n = write(out, fmt, model, recs)
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps({"exported": n, "model": model, "path": str(out), "format": fmt}))
 
 
 @cli.command("config")

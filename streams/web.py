@@ -9,7 +9,7 @@ from faust.web import Request, Response, View
 
 from streams.metrics import exposition
 from streams.openapi import document
-from streams.query import QueryError, QueryService
+from streams.query import QueryError
 from streams.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)

@@ -135,3 +135,31 @@ def test_a_node_dirtied_again_while_it_is_encoded_stays_dirty(cfg, tiny_world):
     finally:
         loop.close()
         store.close()
+
+
+def test_cli_subscribe_prints_changes_and_export_writes_the_index(cfg, tiny_world, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from streams.cli import cli
+    store, writer, loop = loop_over(cfg, tiny_world[:200])
+    try:
+        settle(loop)
+        n = len(loop.memory)
+    finally:
+        loop.close()
+        store.close()
+    base = ["--bootstrap", cfg.kafka.bootstrap, "--topic-prefix", cfg.kafka.topic_prefix,
+            "--partitions", str(cfg.kafka.partitions), "--state", cfg.graph.path]
+    r = CliRunner().invoke(cli, base + ["subscribe", "--count", "3", "--idle-stop", "10"])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(lines) == 3 and all({"node", "seq", "tokens", "event_ts", "ts"} <= set(x) for x in lines)
+    r = CliRunner().invoke(cli, base + ["export", "--out", str(tmp_path / "e.npz"), "--type", "user"])
+    assert r.exit_code == 0, r.output
+    d = np.load(tmp_path / "e.npz")
+    assert 0 < len(d["ids"]) < n and all(i.startswith("user:") for i in d["ids"])
+    assert d["emb"].shape == (len(d["ids"]), 64) and d["tokens"].shape[1] == 8
+    r = CliRunner().invoke(cli, base + ["export", "--out", str(tmp_path / "e.jsonl")])
+    assert r.exit_code == 0 and len((tmp_path / "e.jsonl").read_text().splitlines()) == n

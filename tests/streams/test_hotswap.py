@@ -1,0 +1,119 @@
+"""Hot swap under load: queries answer throughout, the generation flips once, a tampered
+checkpoint is refused and the old model keeps serving."""
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+from state.events import Engagement
+from streams.hotswap import CheckpointWatcher
+from streams.metrics import CHECKPOINTS_REFUSED, INDEX_SWITCHES
+from streams.query import QueryService
+from streams.subscribe import Subscriber
+from streams.topics import Topics
+from tests.conftest import replace_section
+from tests.streams.refresh_helpers import assert_index_matches_state, loop_over, settle
+from trainer.publish import announce
+
+
+def _announce(cfg, path):
+    return announce({"bootstrap.servers": cfg.kafka.bootstrap}, Topics(cfg.kafka.topic_prefix).checkpoints, path)
+
+
+def test_hot_swap_under_load_flips_once_and_refuses_a_tampered_checkpoint(cfg, tiny_world, tiny_checkpoints, tmp_path):
+    a, b = tiny_checkpoints
+    cfg = replace_section(cfg, "refresh", checkpoint=str(a), swap_rate=400.0)
+    events = sorted(tiny_world, key=lambda e: e.ts)
+    store, writer, loop = loop_over(cfg, events[:1000])
+    watcher = CheckpointWatcher(cfg, loop.request_swap, poll_s=0.2)
+    try:
+        settle(loop, 200)
+        gen0, switches0, refused0 = loop.gen, INDEX_SWITCHES._value.get(), CHECKPOINTS_REFUSED._value.get()
+        q = QueryService(loop)
+        user = next(n for n in loop.memory.ids if n.startswith("user:"))
+        assert q.retrieve({"user": user, "k": "10"})["results"]
+        prim = int(loop.memory.assign[loop.memory.row(user), 0])
+        assert q.primitive("0", str(prim), {})["members"]
+        assert 0.0 <= q.proximity({"node": user, "level": "0", "prim": str(prim)})["behaviour_share"] <= 1.0
+
+        # a tampered copy of b is announced first: refused, a serves on
+        bad = tmp_path / "tampered" / b.name
+        shutil.copytree(b, bad)
+        _announce(cfg, bad)
+        with open(bad / "weights.safetensors", "r+b") as f:
+            f.seek(200)
+            f.write(b"\x00\x01\x02\x03")
+        watcher.start()
+        deadline = time.monotonic() + 30
+        while CHECKPOINTS_REFUSED._value.get() == refused0:
+            assert time.monotonic() < deadline, "tampered checkpoint was not refused"
+            loop.run_once()
+        assert loop.active.id == a.name and loop.gen == gen0 and loop.building is None
+
+        # the real b under load: events keep arriving, queries keep answering
+        answers, errors, stop = [], [], threading.Event()
+
+        def query():
+            while not stop.is_set():
+                try:
+                    answers.append((loop.gen, len(q.retrieve({"user": user, "k": "10"})["results"])))
+                except Exception as exc:     # noqa: BLE001 - the test reports any failure
+                    errors.append(exc)
+                time.sleep(0.005)
+
+        qt = threading.Thread(target=query)
+        qt.start()
+        _announce(cfg, b)
+        rest = events[1000:]
+        deadline = time.monotonic() + 120
+        i = 0
+        gens = []
+        while loop.active.id != b.name or loop._announce or loop.building is not None:
+            assert time.monotonic() < deadline, "hot swap did not finish"
+            if i < len(rest):
+                writer.apply_batch([(e, 3) for e in rest[i:i + 20]])
+                writer.commit()
+                i += 20
+            loop.run_once()
+            gens.append(loop.gen)
+        stop.set()
+        qt.join()
+        assert not errors and answers and all(n > 0 for _, n in answers)
+        assert sorted(set(gens)) == [gen0, gen0 + 1] and gens == sorted(gens)   # flipped once
+        assert INDEX_SWITCHES._value.get() == switches0 + 1
+        assert {g for g, _ in answers} <= {gen0, gen0 + 1}
+        settle(loop, 200)
+        assert_index_matches_state(loop)
+        assert loop.index.count(gen0) == 0                   # the old generation is gone
+        assert all(r.model == b.name for r in loop.index.iter_records(loop.gen))
+        with Subscriber(cfg, group_id="t-swap") as sub:
+            got = []
+            for _ in range(40):
+                got += sub.poll(0.5)
+                if {c.node for c in got if c.model == b.name} >= set(loop.memory.ids):
+                    break
+        assert {c.node for c in got if c.model == b.name} >= set(loop.memory.ids)
+    finally:
+        watcher.close()
+        loop.close()
+        store.close()
+
+
+def test_events_after_the_swap_use_the_new_model(cfg, tiny_world, tiny_checkpoints):
+    a, b = tiny_checkpoints
+    cfg = replace_section(cfg, "refresh", checkpoint=str(a), swap_rate=10_000.0)
+    store, writer, loop = loop_over(cfg, tiny_world[:500])
+    try:
+        settle(loop, 200)
+        loop.request_swap({"id": b.name, "path": str(b)})
+        settle(loop, 200)
+        t = max(e.ts for e in tiny_world)
+        writer.apply_batch([(Engagement("user:fresh", "ad:new", "click", t, 1.0), 3)])
+        writer.commit()
+        settle(loop)
+        rec = loop.index.records(loop.gen, ["user:fresh"])[0]
+        assert rec.model == b.name and rec.seq == 1
+    finally:
+        loop.close()
+        store.close()
