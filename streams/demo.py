@@ -1,11 +1,14 @@
 """`hirflow demo`: the whole loop on the embedded default, with live progress in the terminal.
 
-Starts the embedded broker, creates the topics, starts a worker process, streams a synthetic
-world in real time (event time = now) and prints events/s applied, lag and dirty backlog
-read from the worker's own /metrics until the stream ends or Ctrl-C.
+Starts the embedded broker, creates the topics, starts a worker process (serving cold-start
+embeddings at first), streams a synthetic world in real time (event time = now), trains a
+first checkpoint on the early window in the background and announces it (the worker hot-
+swaps it in), and prints events/s, freshness p50/p99 (measured by a token-change
+subscriber), lag, dirty backlog and the model in use, then example queries of the API.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -14,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -51,8 +55,73 @@ def wait_http(url: str, timeout: float) -> bool:
     return False
 
 
+def stamped_now(items):
+    """Event time = the moment it is produced, so freshness reads as wall-clock latency."""
+    import msgspec
+
+    from state.events import Engagement
+    for it in items:
+        yield msgspec.structs.replace(it, ts=int(time.time() * 1000)) if isinstance(it, Engagement) else it
+
+
+def _subscribe(cfg: HirflowConfig, out: list[int], done: threading.Event) -> None:
+    """Freshness as a subscriber sees it: emit time - oldest event time, per change."""
+    from streams.subscribe import Subscriber
+    with Subscriber(cfg, group_id="hirflow-demo", from_start=False) as sub:
+        while not done.is_set():
+            out.extend(c.ts - c.event_ts for c in sub.poll(0.5))
+
+
+def _train_first(cfg: HirflowConfig, world: SynthWorld, workdir: Path, after_s: float,
+                 out: dict) -> None:
+    """Train a small first checkpoint on the events streamed so far, then announce it."""
+    from encoder.model import EncoderConfig
+    from state.events import Engagement
+    from trainer.publish import announce
+    from trainer.train import TrainConfig, train
+    try:
+        time.sleep(after_s)
+        cut = int(time.time() * 1000)
+        evs = [e for e in world.stream() if isinstance(e, Engagement) and e.ts <= cut]
+        out["status"] = f"training on {len(evs)} events"
+        tcfg = TrainConfig(chunk_hours=max(1e-3, (cut - world.cfg.start_ms) / 3_600_000 / 6),
+                           max_steps_per_chunk=3)
+        path = train(evs, cfg.schema, EncoderConfig.for_schema(cfg.schema), tcfg,
+                     workdir / "checkpoints", progress=False)
+        rec = announce({"bootstrap.servers": cfg.kafka.bootstrap, **cfg.kafka.client},
+                       Topics(cfg.kafka.topic_prefix).checkpoints, path)
+        out["status"] = f"announced {rec['id']}"
+    except Exception as exc:                      # the demo goes on serving cold start
+        out["status"] = f"training failed: {exc}"
+
+
+def _model(api: str) -> str:
+    try:
+        with urllib.request.urlopen(api + "/v1/status", timeout=2) as r:
+            s = json.loads(r.read())
+        swap = s.get("hot_swap")
+        return s["model"] + (f" (swapping {swap['done']}/{swap['total']})" if swap else "")
+    except Exception:
+        return "?"
+
+
+def _examples(api: str) -> None:
+    print("\nquery API (OpenAPI at /openapi.json); examples:")
+    for path in ("/v1/status", "/v1/nodes/user:u0", "/v1/retrieve?user=user:u0&k=5",
+                 "/v1/similar?node=user:u0&k=5", "/v1/primitives/0/0?k=5",
+                 "/v1/proximity?node=user:u0&level=0&prim=0"):
+        try:
+            with urllib.request.urlopen(api + path, timeout=5) as r:
+                body = r.read().decode()
+        except urllib.error.HTTPError as e:
+            body = f"{e.code} {e.read().decode()}"
+        except OSError as e:
+            body = str(e)
+        print(f"  curl '{api}{path}'\n    -> {body[:300]}")
+
+
 def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
-             duration: float | None, log_level: str = "WARNING") -> int:
+             duration: float | None, log_level: str = "WARNING", train_after: float = 20.0) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     with EmbeddedBroker(log_path=str(workdir / "broker.log")) as broker:
@@ -73,9 +142,15 @@ def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
             world = SynthWorld(SynthConfig(events=events, start_ms=int(time.time() * 1000),
                                            span_days=events / rate / 86400))
             done = threading.Event()
-            t = threading.Thread(target=lambda: (produce(cfg, world.stream(), rate=rate,
+            t = threading.Thread(target=lambda: (produce(cfg, stamped_now(world.stream()), rate=rate,
                                                          progress=False), done.set()), daemon=True)
             t.start()
+            fresh: list[int] = []
+            threading.Thread(target=_subscribe, args=(cfg, fresh, done), daemon=True).start()
+            trained: dict = {}
+            threading.Thread(target=_train_first, args=(cfg, world, workdir, train_after, trained),
+                             daemon=True).start()
+            api = f"http://127.0.0.1:{port}"
             t0, last_n, last_t = time.monotonic(), 0.0, time.monotonic()
             while not done.is_set() and (duration is None or time.monotonic() - t0 < duration):
                 time.sleep(2)
@@ -89,10 +164,15 @@ def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
                     continue
                 n = m.get("hirflow_events_applied_total", 0.0)
                 now = time.monotonic()
-                print(f"[{now - t0:6.0f}s] applied {n:>10.0f}  {(n - last_n) / (now - last_t):8.0f} ev/s"
-                      f"  lag {m.get('hirflow_consumer_lag', 0):6.0f}  dirty {m.get('hirflow_dirty_nodes', 0):7.0f}"
-                      f"  dead-lettered {m.get('hirflow_events_dead_lettered_total', 0):.0f}", flush=True)
+                recent = sorted(fresh[-5000:])
+                p50 = recent[len(recent) // 2] if recent else 0
+                p99 = recent[int(len(recent) * 0.99)] if recent else 0
+                print(f"[{now - t0:6.0f}s] applied {n:>9.0f} {(n - last_n) / (now - last_t):7.0f} ev/s"
+                      f"  fresh p50 {p50:5d} ms p99 {p99:5d} ms  lag {m.get('hirflow_consumer_lag', 0):5.0f}"
+                      f"  dirty {m.get('hirflow_dirty_nodes', 0):6.0f}  index {m.get('hirflow_index_nodes', 0):6.0f}"
+                      f"  model {_model(api)}  {trained.get('status', '')}", flush=True)
                 last_n, last_t = n, now
+            _examples(api)
             print(f"done; state in {workdir / 'state'}; inspect with: "
                   f"hirflow --state {workdir / 'state'} state --node user:u0")
             return 0
