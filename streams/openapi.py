@@ -14,7 +14,7 @@ def _p(name, desc, schema=None):
 
 _K = _q("k", "results to return (1-1000)", schema={"type": "integer", "minimum": 1, "maximum": 1000})
 _TYPES = _q("types", "comma-separated node types to keep, e.g. ad,product")
-_PROBES = _q("probes", "extra first-codebook tokens probed nearest the query (0-4096, default 8)",
+_PROBES = _q("probes", "extra first-codebook tokens probed nearest the query (0-4096, default 48)",
              schema={"type": "integer", "minimum": 0})
 _ERR = {"description": "bad parameter (400), not found (404) or no checkpoint yet (409)",
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}

@@ -78,7 +78,7 @@ class QueryService:
         """Ads/products (or `types`) for a user: shared-token candidates re-ranked by dot."""
         user = self._node(params, "user")
         k = _int(params, "k", 50, 1, MAX_K)
-        probes = _int(params, "probes", 8, 0, 4096)
+        probes = _int(params, "probes", 48, 0, 4096)
         types = self._types(params) or ["ad", "product"]
         mem = self.refresh.memory
         row = mem.row(user)
@@ -94,7 +94,7 @@ class QueryService:
     def similar(self, params) -> dict:
         node = self._node(params)
         k = _int(params, "k", 20, 1, MAX_K)
-        probes = _int(params, "probes", 8, 0, 4096)
+        probes = _int(params, "probes", 48, 0, 4096)
         hits = self.refresh.memory.similar(node, k, self._types(params), probes=probes)
         if hits is None:
             raise QueryError(404, f"{node} is not in the index")

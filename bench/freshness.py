@@ -1,0 +1,178 @@
+"""Freshness benchmark: event produced -> token change received by a subscriber.
+
+Starts the embedded broker and a real worker process (refresh on; `--checkpoint` to serve a
+trained model, else cold start), streams the synthetic world at fixed rates with event time =
+production time, and measures per token change `received - event_ts` in a subscriber. The
+peer, measured in the same run: Kafka alone (produce -> consume on a plain topic, same
+producer settings). Also: refresh throughput and whether the dirty backlog grows.
+
+    python bench/freshness.py [--quick] [--rates 1000,2000,5000] [--seconds 120] [--checkpoint DIR]
+
+Writes var/bench/freshness.png; the last line printed is one JSON object of the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from state.config import build  # noqa: E402
+from streams import clients  # noqa: E402
+from streams.broker import EmbeddedBroker  # noqa: E402
+from streams.config import HirflowConfig  # noqa: E402
+from streams.demo import stamped_now  # noqa: E402
+from streams.replay import produce  # noqa: E402
+from streams.subscribe import Subscriber  # noqa: E402
+from streams.synth import SynthConfig, SynthWorld  # noqa: E402
+from streams.topics import Topics, ensure_topics  # noqa: E402
+from tests.streams.worker_proc import WorkerProcess  # noqa: E402
+
+
+def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
+    """Latency of a plain produce -> consume at `rate` (ms)."""
+    topic = cfg.kafka.topic_prefix + "bench.raw"
+    p = clients.producer(cfg.kafka)
+    c = clients.consumer(cfg.kafka, "bench-raw", **{"auto.offset.reset": "latest"})
+    c.subscribe([topic])
+    p.produce(topic, b"warm")
+    p.flush(10)
+    lat, stop = [], threading.Event()
+
+    def consume():
+        while not stop.is_set():
+            for m in c.consume(1000, timeout=0.1):
+                if m.error() is None and m.value() != b"warm":
+                    lat.append(time.time() * 1000 - float(m.value()))
+
+    t = threading.Thread(target=consume)
+    t.start()
+    time.sleep(3)                                   # group join on the embedded broker
+    t0 = time.monotonic()
+    n = 0
+    while time.monotonic() - t0 < seconds:
+        p.produce(topic, str(time.time() * 1000).encode())
+        p.poll(0)
+        n += 1
+        time.sleep(max(0.0, t0 + n / rate - time.monotonic()))
+    p.flush(10)
+    time.sleep(1)
+    stop.set()
+    t.join()
+    c.close()
+    return lat
+
+
+def run_rate(cfg, worker, rate, seconds, seed):
+    lat, stop = [], threading.Event()
+    sub = Subscriber(cfg, group_id=f"bench-fresh-{rate}", from_start=False)
+    sub.poll(3.0)                                   # join before the stream starts
+
+    def listen():
+        while not stop.is_set():
+            now = time.time() * 1000
+            lat.extend(now - c.event_ts for c in sub.poll(0.2))
+
+    t = threading.Thread(target=listen)
+    t.start()
+    world = SynthWorld(SynthConfig(events=int(rate * seconds), seed=seed,
+                                   start_ms=int(time.time() * 1000), span_days=seconds / 86400))
+    m0 = worker.metrics()
+    t0 = time.monotonic()
+    backlog = []
+    prod = threading.Thread(target=produce, args=(cfg, stamped_now(world.stream())),
+                            kwargs={"rate": rate, "progress": False})
+    prod.start()
+    while prod.is_alive():
+        time.sleep(1.0)
+        backlog.append(worker.metrics().get("hirflow_dirty_nodes", 0.0))
+    elapsed = time.monotonic() - t0
+    time.sleep(5)                                   # let the tail drain
+    stop.set()
+    t.join()
+    sub.close()
+    m1 = worker.metrics()
+    refreshed = m1.get("hirflow_nodes_refreshed_total", 0) - m0.get("hirflow_nodes_refreshed_total", 0)
+    half = len(backlog) // 2
+    grows = bool(backlog and np.median(backlog[half:]) > 2 * max(1.0, np.median(backlog[:half])) + 500)
+    return np.array(lat), refreshed / elapsed, backlog, grows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rates", default=None)
+    ap.add_argument("--seconds", type=float, default=None)
+    ap.add_argument("--checkpoint", default="")
+    a = ap.parse_args()
+    rates = [float(r) for r in (a.rates or ("1000,2000" if a.quick else "1000,2000,5000")).split(",")]
+    seconds = a.seconds or (12 if a.quick else 120)
+    out_dir = Path("var/bench")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(log_path=os.path.join(tmp, "broker.log")) as broker:
+        cfg = build(HirflowConfig, {"kafka": {"bootstrap": broker.bootstrap},
+                                    "graph": {"path": os.path.join(tmp, "state")}})
+        ensure_topics(cfg.kafka, Topics())
+        raw = np.array(kafka_alone(cfg, rates[0], min(seconds, 10)))
+        env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": a.checkpoint}
+        worker = WorkerProcess(cfg, os.path.join(tmp, "worker.log"), env).start()
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if worker.get("/v1/status")[0] == 200:
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline or worker.proc.poll() is not None:
+                    raise SystemExit(f"worker did not come up; see {tmp}/worker.log")
+                time.sleep(0.3)
+            results = {}
+            for i, rate in enumerate(rates):
+                lat, thr, backlog, grows = run_rate(cfg, worker, rate, seconds, seed=11 + i)
+                results[rate] = (lat, thr, grows)
+                q = np.percentile(lat, [50, 95, 99]) if len(lat) else [float("nan")] * 3
+                print(f"{rate:,.0f} ev/s for {seconds:.0f}s: {len(lat)} changes, freshness p50 "
+                      f"{q[0]:.0f} ms p95 {q[1]:.0f} ms p99 {q[2]:.0f} ms; refresh {thr:,.0f} nodes/s; "
+                      f"dirty backlog {'grows' if grows else 'steady'} (max {max(backlog or [0]):.0f})",
+                      flush=True)
+        finally:
+            worker.stop()
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for rate, (lat, _, _) in results.items():
+        if len(lat):
+            ax.hist(np.clip(lat, 1, None), bins=np.logspace(0, 5, 60), histtype="step", label=f"{rate:,.0f} ev/s")
+    ax.set_xscale("log")
+    ax.set_xlabel("event produced -> token change received (ms)")
+    ax.set_ylabel("token changes")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "freshness.png", dpi=120)
+    rq = np.percentile(raw, [50, 99]) if len(raw) else [float("nan")] * 2
+    print(f"Kafka alone at {rates[0]:,.0f} msg/s: p50 {rq[0]:.1f} ms p99 {rq[1]:.1f} ms; plot {out_dir / 'freshness.png'}")
+    figs = {"kafka_alone_p50_ms": {"value": round(float(rq[0]), 1), "unit": "ms"},
+            "kafka_alone_p99_ms": {"value": round(float(rq[1]), 1), "unit": "ms"}}
+    for rate, (lat, thr, grows) in results.items():
+        q = np.percentile(lat, [50, 95, 99]) if len(lat) else [float("nan")] * 3
+        r = int(rate)
+        figs[f"p50_ms_at_{r}"] = {"value": round(float(q[0]), 1), "unit": "ms", "ratio_to_kafka_alone": round(float(q[0] / rq[0]), 1)}
+        figs[f"p95_ms_at_{r}"] = {"value": round(float(q[1]), 1), "unit": "ms"}
+        figs[f"p99_ms_at_{r}"] = {"value": round(float(q[2]), 1), "unit": "ms", "ratio_to_kafka_alone": round(float(q[2] / rq[1]), 1)}
+        figs[f"refresh_nodes_per_s_at_{r}"] = {"value": round(thr), "unit": "nodes/s"}
+        figs[f"backlog_grows_at_{r}"] = {"value": grows, "unit": "bool"}
+    print(json.dumps(figs))
+
+
+if __name__ == "__main__":
+    main()
