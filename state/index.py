@@ -136,17 +136,7 @@ class TokenIndex:
         return sum(1 for _ in self._scan(cf, gen_prefix(gen)))
 
     def _scan(self, cf: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        it = self.cf[cf].iter()
-        try:
-            it.seek(prefix)
-            while it.valid():
-                k = it.key()
-                if not k.startswith(prefix):
-                    break
-                yield k, it.value()
-                it.next()
-        finally:
-            del it
+        return self.store.reader._iter_prefix(cf, prefix)
 
     # -- writes ---------------------------------------------------------------------------
     def batch(self) -> "IndexBatch":
