@@ -123,15 +123,6 @@ class TokenIndex:
         """(outbox key, encoded change) in node-key, seq order."""
         yield from self._scan("outbox", b"")
 
-    def posting_keys(self, gen: int, token: int, type_code: int | None = None) -> Iterator[bytes]:
-        """Node keys (10 bytes) holding `token`, optionally of one node type."""
-        for k, _ in self._scan("postings", posting_prefix(gen, token, type_code)):
-            yield k[-10:]
-
-    def member_keys(self, gen: int, level: int, prim: int) -> Iterator[bytes]:
-        for k, _ in self._scan("members", member_prefix(gen, level, prim)):
-            yield k[-10:]
-
     def count(self, gen: int, cf: str = "embeddings") -> int:
         return sum(1 for _ in self._scan(cf, gen_prefix(gen)))
 
