@@ -44,13 +44,8 @@ class ServingModel:
     def from_checkpoint(cls, path: str | Path, device: torch.device | None = None) -> "ServingModel":
         """Verify (sha256 of every file) and load; raises `CheckpointError` when it fails."""
         ck = ckpt.load(path)
-        cfg = EncoderConfig.from_dict(ck.manifest["config"])
-        model = HierarchicalEncoder(cfg)
-        enc = {k[len("encoder."):]: v for k, v in ck.weights.items() if k.startswith("encoder.")}
-        try:
-            model.load_state_dict(enc)
-        except RuntimeError as exc:
-            raise ckpt.CheckpointError(f"{path}: weights do not fit the model ({exc})") from None
+        model = encoder_from(ck)
+        cfg = model.cfg
         if ck.codebooks is None:
             raise ckpt.CheckpointError(f"{path}: no quantizer codebooks; cannot make BoM tokens")
         qcfg = QuantizerConfig(**ck.manifest["quantizer"])
@@ -86,11 +81,16 @@ class ServingModel:
         emb = emb.float().cpu().numpy()
         return emb, assign, self.quantizer.tokens(emb)
 
-    def encode_query(self, emb: np.ndarray) -> np.ndarray:
-        """BoM tokens of arbitrary vectors (queries that are not stored nodes)."""
-        if self.cold is not None:
-            return self.cold.tokens(np.atleast_2d(emb))
-        return self.quantizer.tokens(np.atleast_2d(np.asarray(emb, np.float32)))
+
+def encoder_from(ck: ckpt.Checkpoint) -> HierarchicalEncoder:
+    """The encoder of a verified checkpoint (eval mode, CPU)."""
+    model = HierarchicalEncoder(EncoderConfig.from_dict(ck.manifest["config"]))
+    enc = {k[len("encoder."):]: v for k, v in ck.weights.items() if k.startswith("encoder.")}
+    try:
+        model.load_state_dict(enc)
+    except RuntimeError as exc:
+        raise ckpt.CheckpointError(f"{ck.path}: weights do not fit the model ({exc})") from None
+    return model.eval()
 
 
 class ColdStart:

@@ -133,21 +133,23 @@ class TokenIndex:
     def batch(self) -> "IndexBatch":
         return IndexBatch(self)
 
-    def clear_generation(self, gen: int, chunk: int = 50_000) -> int:
+    def clear_generation(self, gen: int) -> int:
         """Delete every record, posting and member of a generation (after a switch, or a
         swap that restarts); returns keys deleted."""
+        return sum(self.delete_prefix(cf, gen_prefix(gen)) for cf in ("embeddings", "postings", "members"))
+
+    def delete_prefix(self, cf: str, prefix: bytes, chunk: int = 50_000) -> int:
+        """Delete all keys of `cf` under `prefix`, `chunk` per write batch."""
         n = 0
-        for cf in ("embeddings", "postings", "members"):
-            while True:
-                keys = [k for k, _ in zip((k for k, _ in self._scan(cf, gen_prefix(gen))), range(chunk))]
-                if not keys:
-                    break
-                wb = WriteBatch(raw_mode=True)
-                for k in keys:
-                    wb.delete(k, self.h[cf])
-                self.store.write(wb)
-                n += len(keys)
-        return n
+        while True:
+            keys = [k for k, _ in zip((k for k, _ in self._scan(cf, prefix)), range(chunk))]
+            if not keys:
+                return n
+            wb = WriteBatch(raw_mode=True)
+            for k in keys:
+                wb.delete(k, self.h[cf])
+            self.store.write(wb)
+            n += len(keys)
 
 
 class IndexBatch:
@@ -156,7 +158,6 @@ class IndexBatch:
     def __init__(self, index: TokenIndex) -> None:
         self.ix = index
         self.wb = WriteBatch(raw_mode=True)
-        self.size = 0
 
     def put_record(self, gen: int, rec: IndexRecord, old: IndexRecord | None) -> None:
         """Store `rec` in generation `gen`, moving its postings and memberships from `old`."""
@@ -180,7 +181,6 @@ class IndexBatch:
                 wb.delete(member_prefix(gen, level, was) + nk, h["members"])
             if prim != NO_PRIMITIVE:
                 wb.put(member_prefix(gen, level, prim) + nk, b"", h["members"])
-        self.size += 1
 
     def publish(self, node_id: str, seq: int, model: str, tokens, assign, change: bytes) -> None:
         """Remember what subscribers will see and queue the change in the outbox."""
@@ -204,7 +204,6 @@ class IndexBatch:
     def commit(self) -> None:
         self.ix.store.write(self.wb)
         self.wb = WriteBatch(raw_mode=True)
-        self.size = 0
 
 
 def delete_outbox(index: TokenIndex, keys: Sequence[bytes]) -> None:

@@ -203,14 +203,3 @@ class MemoryIndex:
                 scores = np.zeros(len(rows), np.float32)
             order = np.argsort(-scores, kind="stable")[:k]
             return [(self.ids[rows[i]], float(scores[i])) for i in order]
-
-    def exact(self, query: np.ndarray, k: int, types: Iterable[str] | None = None) -> list[str]:
-        """Exact inner-product top-k over all rows (the reference retrieval is measured against)."""
-        with self.lock:
-            scores = self.emb[:self.n] @ np.asarray(query, np.float32)
-            if types is not None:
-                codes = [self.type_code[t] for t in types if t in self.type_code]
-                scores = np.where(np.isin(self.types[:self.n], codes), scores, -np.inf)
-            kk = min(k, self.n)
-            best = np.argpartition(-scores, kk - 1)[:kk]
-            return [self.ids[i] for i in best[np.argsort(-scores[best], kind="stable")]]

@@ -20,7 +20,6 @@ import struct
 from typing import Callable, Mapping, Sequence
 
 import msgspec
-from rocksdict import WriteBatch
 
 from state.decay import add, value_at
 from state.index import NO_PRIMITIVE, IndexBatch, TokenIndex, gen_prefix
@@ -129,8 +128,4 @@ class SuperGraph:
 
     def clear_generation(self, gen: int) -> None:
         for tag in (b"n", b"p"):
-            keys = [k for k, _ in self.ix._scan("supergraph", tag + gen_prefix(gen))]
-            wb = WriteBatch(raw_mode=True)
-            for key in keys:
-                wb.delete(key, self.ix.h["supergraph"])
-            self.ix.store.write(wb)
+            self.ix.delete_prefix("supergraph", tag + gen_prefix(gen))

@@ -20,10 +20,6 @@ class TokenChange(msgspec.Struct, frozen=True):
     event_ts: int
     ts: int
 
-    @property
-    def freshness_ms(self) -> int:
-        return self.ts - self.event_ts
-
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(TokenChange).decode

@@ -287,8 +287,10 @@ class RefreshLoop:
         if err is not None:
             self._delivery_errors.append(str(err))
 
-    def _send(self, items: list[tuple[bytes, bytes, changes.TokenChange | None]]) -> None:
-        """Produce, wait for every ack, then drop the outbox entries."""
+    def _send(self, items: list[tuple[bytes, bytes, changes.TokenChange | None]],
+              fresh: bool = True) -> None:
+        """Produce, wait for every ack, then drop the outbox entries. `fresh`: the changes
+        come from events, so their latency counts in the freshness histogram."""
         if not items:
             return
         topic = self.topics.token_changes
@@ -299,10 +301,11 @@ class RefreshLoop:
         if self.producer.flush(30) or self._delivery_errors:
             errs, self._delivery_errors = self._delivery_errors, []
             raise RuntimeError(f"token changes were not acknowledged: {errs[:3]}")
-        emitted = now_ms()
-        for _, _, c in items:
-            if c is not None and c.model == self.active.id:
-                FRESHNESS.observe(max(0, emitted - c.event_ts) / 1000)
+        if fresh:
+            emitted = now_ms()
+            for _, _, c in items:
+                if c is not None:
+                    FRESHNESS.observe(max(0, emitted - c.event_ts) / 1000)
         TOKEN_CHANGES.inc(len(items))
         delete_outbox(self.index, [k for k, _, _ in items])
 
@@ -414,7 +417,7 @@ class RefreshLoop:
         if not self._announce:
             batch.set_meta(ANNOUNCE_PASS_KEY, None)
         batch.commit()
-        self._send([(self._outbox_key(c), changes.encode(c), c) for c in out])
+        self._send([(self._outbox_key(c), changes.encode(c), c) for c in out], fresh=False)
 
     # -- health and gauges ----------------------------------------------------------------
     def _gauges(self) -> None:

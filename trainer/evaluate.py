@@ -27,7 +27,8 @@ import torch
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 from encoder import checkpoint as ckpt
-from encoder.model import EncoderConfig, HierarchicalEncoder
+from encoder.model import HierarchicalEncoder
+from encoder.serving import encoder_from
 from encoder.quantize import BoMQuantizer, QuantizerConfig
 from state.events import Engagement
 from state.graph import GraphConfig, GraphStore
@@ -43,10 +44,7 @@ ITEM_TYPES = ("ad", "product")
 
 def load_model(path) -> tuple[HierarchicalEncoder, ckpt.Checkpoint]:
     ck = ckpt.load(path)
-    model = HierarchicalEncoder(EncoderConfig.from_dict(ck.manifest["config"]))
-    enc = {k[len("encoder."):]: v for k, v in ck.weights.items() if k.startswith("encoder.")}
-    model.load_state_dict(enc)
-    return model.eval(), ck
+    return encoder_from(ck), ck
 
 
 def _rank_metrics(scores: np.ndarray, truth: list[set[int]], k: int) -> tuple[float, float]:
