@@ -6,6 +6,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # torch is pinned exactly: the CPU wheel of this machine; a looser pin pulls a multi-GB CUDA build
 TORCH  ?= torch==2.13.0
+# the real Helm library for the chart tests; it declares Python >= 3.12 and runs on 3.11
+HELM_SDK ?= helm-sdkpy==0.1.32
 WHEELS := $(wildcard /opt/wheels)
 PIP    := $(BIN)/pip install -q $(if $(WHEELS),--find-links $(WHEELS))
 
@@ -18,6 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) --upgrade pip
 	$(PIP) "$(TORCH)"
 	$(PIP) -e '.[test]'
+	$(PIP) --ignore-requires-python "$(HELM_SDK)"
 	touch $@
 
 demo: setup

@@ -7,6 +7,7 @@ peer, measured in the same run: Kafka alone (produce -> consume on a plain topic
 producer settings). Also: refresh throughput and whether the dirty backlog grows.
 
     python bench/freshness.py [--quick] [--rates 1000,2000,5000] [--seconds 120] [--checkpoint DIR]
+                              [--warmup 30]
 
 Writes var/bench/freshness.png; the last line printed is one JSON object of the figures.
 """
@@ -111,6 +112,9 @@ def main() -> None:
     ap.add_argument("--rates", default=None)
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--checkpoint", default="")
+    ap.add_argument("--warmup", type=float, default=None,
+                    help="seconds of stream at the first rate before measuring (compiles the "
+                         "encoder's shape buckets; not counted)")
     a = ap.parse_args()
     rates = [float(r) for r in (a.rates or ("1000,2000" if a.quick else "1000,2000,5000")).split(",")]
     seconds = a.seconds or (12 if a.quick else 120)
@@ -135,6 +139,11 @@ def main() -> None:
                 if time.monotonic() > deadline or worker.proc.poll() is not None:
                     raise SystemExit(f"worker did not come up; see {tmp}/worker.log")
                 time.sleep(0.3)
+            warmup = a.warmup if a.warmup is not None else (5 if a.quick else 30)
+            if warmup > 0:
+                lat, _, _, _ = run_rate(cfg, worker, rates[0], warmup, seed=7)
+                print(f"warm-up: {warmup:.0f}s at {rates[0]:,.0f} ev/s, {len(lat)} changes "
+                      f"(not counted)", flush=True)
             results = {}
             for i, rate in enumerate(rates):
                 lat, thr, backlog, grows = run_rate(cfg, worker, rate, seconds, seed=11 + i)

@@ -32,6 +32,10 @@ def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
+def _is_table_type(tp: Any) -> bool:
+    return typing.get_origin(tp) in (dict, Mapping) or tp is dict
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Turn a file/env value into the annotated type; strings from env are parsed."""
     origin = typing.get_origin(tp)
@@ -131,6 +135,9 @@ def from_env(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
     """Collect `HIRFLOW_SECTION__KEY=value` variables into a nested dict (values as strings).
 
     Variables with the prefix that name no field are an error, like unknown file keys.
+    Inside a table-typed field (such as `kafka.client`) the remaining parts are one key joined
+    by dots, so a single entry can come from its own variable (a Kubernetes Secret):
+    `HIRFLOW_KAFKA__CLIENT__SASL__PASSWORD` sets `kafka.client["sasl.password"]`.
     """
     out: dict[str, Any] = {}
     for name, value in env.items():
@@ -138,7 +145,10 @@ def from_env(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
             continue
         path = name[len(ENV_PREFIX):].lower().split("__")
         tp: Any = cls
-        for part in path:
+        for i, part in enumerate(path):
+            if _is_table_type(tp) and i > 0:
+                path = path[:i] + [".".join(path[i:])]
+                break
             if not _is_dataclass_type(tp) or part not in _field_types(tp):
                 raise ConfigError(f"unknown config key {'.'.join(path)} (from env {name})")
             tp = _field_types(tp)[part]

@@ -26,16 +26,17 @@ def _broker_url(bootstrap: str) -> str:
 
 def _credentials(client: dict[str, str]):
     """faust's view of the librdkafka security settings the ingest loop also uses."""
+    import ssl
     mech = client.get("sasl.mechanism") or client.get("sasl.mechanisms")
+    # the same CA file librdkafka uses (a mounted Secret in Kubernetes), else the system CAs
+    context = ssl.create_default_context(cafile=client.get("ssl.ca.location") or None)
     if mech:
-        import ssl
         proto = client.get("security.protocol", "SASL_SSL").upper()
         return faust.SASLCredentials(
             username=client.get("sasl.username"), password=client.get("sasl.password"),
-            mechanism=mech, ssl_context=ssl.create_default_context() if "SSL" in proto else None)
+            mechanism=mech, ssl_context=context if "SSL" in proto else None)
     if client.get("security.protocol", "").upper() == "SSL":
-        import ssl
-        return faust.SSLCredentials(ssl.create_default_context())
+        return faust.SSLCredentials(context)
     return None
 
 

@@ -39,3 +39,16 @@ def test_extra_actions_and_types_from_file():
     acts = cfg.schema.all_actions
     assert acts["belongs_to"].structural and acts["buy"].funnel_weight == 4.0
     assert "click" in acts                 # defaults are kept, not replaced
+
+
+def test_one_table_entry_per_env_var(tmp_path):
+    """Kubernetes passes each credential as its own variable from a Secret."""
+    f = tmp_path / "c.toml"
+    f.write_text('[kafka.client]\n"security.protocol" = "SASL_SSL"\n"sasl.mechanism" = "PLAIN"\n')
+    env = {"HIRFLOW_KAFKA__CLIENT__SASL__USERNAME": "svc", "HIRFLOW_KAFKA__CLIENT__SASL__PASSWORD": "p=\"w"}
+    client = load(file=f, env=env).kafka.client
+    assert client == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+                      "sasl.username": "svc", "sasl.password": 'p="w'}
+    assert load(env={"HIRFLOW_KAFKA__CLIENT": '{"a.b": "c"}'}).kafka.client == {"a.b": "c"}
+    with pytest.raises(ConfigError, match="kafka.partitions.x"):
+        load(env={"HIRFLOW_KAFKA__PARTITIONS__X": "1"})
