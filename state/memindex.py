@@ -8,8 +8,8 @@ that leaves a token is filtered out at query time by checking the token matrix (
 so an update costs one row write and a few list appends.
 
 Retrieval follows DESIGN.md: union of the postings of the query's tokens (optionally more
-probes of the first codebook), filtered by node type, scored by shared tokens to bound the
-candidate set, re-ranked by exact inner product.
+probes of the first codebook), filtered by node type, cut to a bounded candidate set by the
+quantized inner product (lookup tables over the token matrix), re-ranked by exact inner product.
 """
 from __future__ import annotations
 
@@ -151,27 +151,45 @@ class MemoryIndex:
 
     def search(self, query: np.ndarray, tokens: Iterable[int], k: int = 50,
                types: Iterable[str] | None = None, exclude: Iterable[str] = (),
-               probes: int = 0, max_candidates: int = 50_000) -> list[tuple[str, float]]:
-        """Nodes sharing tokens with the query, best inner product first."""
+               probes: int = 0, max_candidates: int = 2048) -> list[tuple[str, float]]:
+        """Nodes sharing tokens with the query, best inner product first.
+
+        Candidates beyond `max_candidates` (at least 4k) are cut by their quantized inner
+        product, read from the token matrix through a per-query lookup table (asymmetric
+        distance computation: the quantizer is additive, so <q, x> ~ sum_j <q, C_j[code_j]>),
+        and only the survivors are scored exactly; without codebooks, by shared tokens.
+        """
         q = np.asarray(query, np.float32)
+        limit = max(max_candidates, 4 * k)
         with self.lock:
             toks = set(int(t) for t in tokens) | set(self.probe_tokens(q, probes))
             parts = [self._token_rows(t) for t in toks]
             parts = [p for p in parts if len(p)]
             if not parts:
                 return []
-            rows, shared = np.unique(np.concatenate(parts), return_counts=True)
+            cat = np.concatenate(parts)
+            if self.codebooks is not None:          # dedupe by a mask: O(n) in C, no sort
+                seen = np.zeros(self.n, bool)
+                seen[cat] = True
+                rows, shared = np.flatnonzero(seen), None
+            else:
+                rows, shared = np.unique(cat, return_counts=True)
+            keep = np.ones(len(rows), bool)
             if types is not None:
                 codes = [self.type_code[t] for t in types if t in self.type_code]
-                sel = np.isin(self.types[rows], codes)
-                rows, shared = rows[sel], shared[sel]
+                keep &= np.isin(self.types[rows], codes)
             skip = [self.rows[x] for x in exclude if x in self.rows]
             if skip:
-                sel = ~np.isin(rows, skip)
-                rows, shared = rows[sel], shared[sel]
-            if len(rows) > max_candidates:          # most shared tokens first
-                top = np.argpartition(-shared, max_candidates - 1)[:max_candidates]
-                rows = rows[top]
+                keep &= ~np.isin(rows, skip)
+            rows = rows[keep]
+            if len(rows) > limit:
+                if self.codebooks is not None:
+                    lut = self.codebooks @ q                        # (m, 2^nbits)
+                    codes = self.tokens[rows] & ((1 << self.nbits) - 1)
+                    rank = lut[np.arange(self.m), codes].sum(1)
+                else:
+                    rank = shared[keep].astype(np.float32)          # most shared tokens first
+                rows = rows[np.argpartition(-rank, limit - 1)[:limit]]
             scores = self.emb[rows] @ q
             kk = min(k, len(rows))
             if kk == 0:
