@@ -1,6 +1,8 @@
 """Build a store from events and a refresh loop over it, for refresh tests."""
 from __future__ import annotations
 
+import time
+
 from state.graph import GraphStore
 from state.writer import BOTH_SIDES, GraphWriter
 from streams.refresh import RefreshLoop
@@ -16,14 +18,22 @@ def loop_over(cfg, events=(), store=None):
     return store, writer, RefreshLoop(cfg, store, writer, Topics(cfg.kafka.topic_prefix))
 
 
-def settle(loop, rounds: int = 50) -> None:
-    """Run the loop until no dirty node, neighbour or swap work is left."""
-    for _ in range(rounds):
+def settle(loop, rounds: int = 50, seconds: float = 90.0) -> None:
+    """Run the loop until no dirty node, neighbour or swap work is left.
+
+    Neighbour refreshes are paced by `refresh.neighbor_rate` per second, so on a loaded
+    machine fast rounds take few neighbours each: give up only after both `rounds` rounds and
+    `seconds` of wall time."""
+    deadline = time.monotonic() + seconds
+    i = 0
+    while i < rounds or time.monotonic() < deadline:
         loop.run_once()
+        i += 1
         if not loop.writer.dirty and not loop._neighbors and loop.building is None \
                 and not loop._announce and not loop.swap_requests:
             return
-    raise AssertionError("refresh did not settle")
+    raise AssertionError(f"refresh did not settle in {i} rounds: {len(loop.writer.dirty)} dirty, "
+                         f"{len(loop._neighbors)} neighbours queued, building {loop.building}")
 
 
 def assert_index_matches_state(loop) -> None:
