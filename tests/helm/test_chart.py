@@ -275,3 +275,14 @@ def test_service_monitor_scrapes_each_worker_once(kube):
                 if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
     assert [s["spec"].get("clusterIP") for s in selected] == ["None"]
     assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+
+
+def test_every_pod_gets_pull_secrets_and_the_security_context(kube):
+    objs, _ = _install(kube, _merge(BOOTSTRAP, {"imagePullSecrets": ["regcred", {"name": "other"}]}))
+    pods = [_by_kind(objs, "StatefulSet")[0]["spec"]["template"]["spec"],
+            _by_kind(objs, "CronJob")[0]["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+            _by_kind(objs, "Pod")[0]["spec"]]
+    for spec in pods:
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other"}]
+        assert spec["securityContext"]["runAsUser"] == 10001 and spec["securityContext"]["runAsNonRoot"]
+        assert all(c["securityContext"]["allowPrivilegeEscalation"] is False for c in spec["containers"])

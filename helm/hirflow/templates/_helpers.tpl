@@ -189,3 +189,17 @@ app.kubernetes.io/component: worker
 {{- fail (printf "\n\nVALUES VALIDATION:\n%s" (join "\n" $errors)) }}
 {{- end }}
 {{- end }}
+
+{{/* Pod-level settings every hirflow pod shares: pull secrets and the security context. */}}
+{{- define "hirflow.podCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
+  {{- end }}
+{{- end }}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
