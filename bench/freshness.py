@@ -2,7 +2,9 @@
 
 Starts the embedded broker and a real worker process (refresh on; `--checkpoint` to serve a
 trained model, else cold start), streams the synthetic world at fixed rates with event time =
-production time, and measures per token change `received - event_ts` in a subscriber. The
+production time, and measures per token change `received - event_ts` in a subscriber, for
+all changes and for endpoint changes alone (nodes the event touched; the rest are neighbour
+refreshes paced by `refresh.neighbor_rate`). The
 peer, measured in the same run: Kafka alone (produce -> consume on a plain topic, same
 producer settings). Also: refresh throughput and whether the dirty backlog grows.
 
@@ -24,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
+from confluent_kafka import OFFSET_END, TopicPartition  # noqa: E402
 
 from state.config import build  # noqa: E402
 from streams import clients  # noqa: E402
@@ -42,9 +45,10 @@ def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
     topic = cfg.kafka.topic_prefix + "bench.raw"
     p = clients.producer(cfg.kafka)
     c = clients.consumer(cfg.kafka, "bench-raw", **{"auto.offset.reset": "latest"})
-    c.subscribe([topic])
-    p.produce(topic, b"warm")
+    p.produce(topic, b"warm")                       # creates the topic
     p.flush(10)
+    # static assignment at the log end: no group join to wait for (tansu takes seconds)
+    c.assign([TopicPartition(topic, 0, OFFSET_END)])
     lat, stop = [], threading.Event()
 
     def consume():
@@ -55,7 +59,7 @@ def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
 
     t = threading.Thread(target=consume)
     t.start()
-    time.sleep(3)                                   # group join on the embedded broker
+    time.sleep(1)                                   # first fetch positions at the end
     t0 = time.monotonic()
     n = 0
     while time.monotonic() - t0 < seconds:
@@ -72,30 +76,53 @@ def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
 
 
 def run_rate(cfg, worker, rate, seconds, seed):
-    lat, stop = [], threading.Event()
-    sub = Subscriber(cfg, group_id=f"bench-fresh-{rate}", from_start=False)
+    """Returns (latency ms per change, endpoint mask, refresh nodes/s, backlog samples, grows).
+
+    A change is an endpoint change when its node was touched by an event (an engagement's
+    endpoint, an entity record) with exactly its `event_ts` (the node's oldest pending event);
+    otherwise it is a neighbour refresh, which
+    carries the event time of the node whose move queued it and waits for the neighbour budget.
+    """
+    got, stop = [], threading.Event()
+    touched: set[tuple[str, int]] = set()
+    sub = Subscriber(cfg, group_id=f"bench-fresh-{rate}-{seed}", from_start=False)
     sub.poll(3.0)                                   # join before the stream starts
 
     def listen():
         while not stop.is_set():
             now = time.time() * 1000
-            lat.extend(now - c.event_ts for c in sub.poll(0.2))
+            got.extend((c.node, c.event_ts, now - c.event_ts) for c in sub.poll(0.2))
+
+    def remember(items):
+        for it in items:
+            if hasattr(it, "src"):
+                touched.add((it.src, it.ts))
+                touched.add((it.dst, it.ts))
+            else:                                   # an entity event touches its node
+                touched.add((it.node, it.ts))
+            yield it
 
     t = threading.Thread(target=listen)
     t.start()
     world = SynthWorld(SynthConfig(events=int(rate * seconds), seed=seed,
                                    start_ms=int(time.time() * 1000), span_days=seconds / 86400))
     m0 = worker.metrics()
-    t0 = time.monotonic()
+    t0, start_ms = time.monotonic(), int(time.time() * 1000)
     backlog = []
-    prod = threading.Thread(target=produce, args=(cfg, stamped_now(world.stream())),
+    prod = threading.Thread(target=produce, args=(cfg, remember(stamped_now(world.stream()))),
                             kwargs={"rate": rate, "progress": False})
     prod.start()
     while prod.is_alive():
         time.sleep(1.0)
         backlog.append(worker.metrics().get("hirflow_dirty_nodes", 0.0))
     elapsed = time.monotonic() - t0
-    time.sleep(5)                                   # let the tail drain
+    drain_until = time.monotonic() + 60             # the tail: until nothing is left to refresh
+    quiet = 0
+    while time.monotonic() < drain_until and quiet < 3:
+        time.sleep(1.0)
+        m = worker.metrics()
+        idle = m.get("hirflow_dirty_nodes", 0.0) == 0 and m.get("hirflow_neighbor_refresh_backlog", 0.0) == 0
+        quiet = quiet + 1 if idle else 0
     stop.set()
     t.join()
     sub.close()
@@ -103,7 +130,14 @@ def run_rate(cfg, worker, rate, seconds, seed):
     refreshed = m1.get("hirflow_nodes_refreshed_total", 0) - m0.get("hirflow_nodes_refreshed_total", 0)
     half = len(backlog) // 2
     grows = bool(backlog and np.median(backlog[half:]) > 2 * max(1.0, np.median(backlog[:half])) + 500)
-    return np.array(lat), refreshed / elapsed, backlog, grows
+    mine = [g for g in got if g[1] >= start_ms]     # not the tail of an earlier phase
+    lat = np.array([x for _, _, x in mine])
+    endpoint = np.array([(n, ts) in touched for n, ts, _ in mine], bool)
+    return lat, endpoint, refreshed / elapsed, backlog, grows
+
+
+def _pct(x) -> list[float]:
+    return list(np.percentile(x, [50, 95, 99])) if len(x) else [float("nan")] * 3
 
 
 def main() -> None:
@@ -141,27 +175,32 @@ def main() -> None:
                 time.sleep(0.3)
             warmup = a.warmup if a.warmup is not None else (5 if a.quick else 30)
             if warmup > 0:
-                lat, _, _, _ = run_rate(cfg, worker, rates[0], warmup, seed=7)
+                lat = run_rate(cfg, worker, rates[0], warmup, seed=7)[0]
                 print(f"warm-up: {warmup:.0f}s at {rates[0]:,.0f} ev/s, {len(lat)} changes "
                       f"(not counted)", flush=True)
             results = {}
             for i, rate in enumerate(rates):
-                lat, thr, backlog, grows = run_rate(cfg, worker, rate, seconds, seed=11 + i)
-                results[rate] = (lat, thr, grows)
-                q = np.percentile(lat, [50, 95, 99]) if len(lat) else [float("nan")] * 3
+                lat, endpoint, thr, backlog, grows = run_rate(cfg, worker, rate, seconds, seed=11 + i)
+                results[rate] = (lat, endpoint, thr, grows)
+                q, qe = _pct(lat), _pct(lat[endpoint])
                 print(f"{rate:,.0f} ev/s for {seconds:.0f}s: {len(lat)} changes, freshness p50 "
-                      f"{q[0]:.0f} ms p95 {q[1]:.0f} ms p99 {q[2]:.0f} ms; refresh {thr:,.0f} nodes/s; "
-                      f"dirty backlog {'grows' if grows else 'steady'} (max {max(backlog or [0]):.0f})",
-                      flush=True)
+                      f"{q[0]:.0f} ms p95 {q[1]:.0f} ms p99 {q[2]:.0f} ms; endpoint changes "
+                      f"({int(endpoint.sum())}) p50 {qe[0]:.0f} p95 {qe[1]:.0f} p99 {qe[2]:.0f} ms; "
+                      f"refresh {thr:,.0f} nodes/s; dirty backlog "
+                      f"{'grows' if grows else 'steady'} (max {max(backlog or [0]):.0f})", flush=True)
         finally:
             worker.stop()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    for rate, (lat, _, _) in results.items():
+    for i, (rate, (lat, endpoint, _, _)) in enumerate(results.items()):
         if len(lat):
-            ax.hist(np.clip(lat, 1, None), bins=np.logspace(0, 5, 60), histtype="step", label=f"{rate:,.0f} ev/s")
+            bins = np.logspace(0, 5, 60)
+            ax.hist(np.clip(lat[endpoint], 1, None), bins=bins, histtype="step", color=f"C{i}",
+                    label=f"{rate:,.0f} ev/s, endpoints")
+            ax.hist(np.clip(lat[~endpoint], 1, None), bins=bins, histtype="step", color=f"C{i}",
+                    linestyle=":", label=f"{rate:,.0f} ev/s, neighbours")
     ax.set_xscale("log")
     ax.set_xlabel("event produced -> token change received (ms)")
     ax.set_ylabel("token changes")
@@ -172,9 +211,14 @@ def main() -> None:
     print(f"Kafka alone at {rates[0]:,.0f} msg/s: p50 {rq[0]:.1f} ms p99 {rq[1]:.1f} ms; plot {out_dir / 'freshness.png'}")
     figs = {"kafka_alone_p50_ms": {"value": round(float(rq[0]), 1), "unit": "ms"},
             "kafka_alone_p99_ms": {"value": round(float(rq[1]), 1), "unit": "ms"}}
-    for rate, (lat, thr, grows) in results.items():
-        q = np.percentile(lat, [50, 95, 99]) if len(lat) else [float("nan")] * 3
+    for rate, (lat, endpoint, thr, grows) in results.items():
+        q, qe = _pct(lat), _pct(lat[endpoint])
         r = int(rate)
+        figs[f"endpoint_p50_ms_at_{r}"] = {"value": round(float(qe[0]), 1), "unit": "ms"}
+        figs[f"endpoint_p99_ms_at_{r}"] = {"value": round(float(qe[2]), 1), "unit": "ms",
+                                           "ratio_to_kafka_alone": round(float(qe[2] / rq[1]), 1)}
+        figs[f"endpoint_share_at_{r}"] = {"value": round(float(endpoint.mean()), 3) if len(lat) else 0.0,
+                                          "unit": "fraction"}
         figs[f"p50_ms_at_{r}"] = {"value": round(float(q[0]), 1), "unit": "ms", "ratio_to_kafka_alone": round(float(q[0] / rq[0]), 1)}
         figs[f"p95_ms_at_{r}"] = {"value": round(float(q[1]), 1), "unit": "ms"}
         figs[f"p99_ms_at_{r}"] = {"value": round(float(q[2]), 1), "unit": "ms", "ratio_to_kafka_alone": round(float(q[2] / rq[1]), 1)}

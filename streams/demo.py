@@ -59,9 +59,8 @@ def stamped_now(items):
     """Event time = the moment it is produced, so freshness reads as wall-clock latency."""
     import msgspec
 
-    from state.events import Engagement
     for it in items:
-        yield msgspec.structs.replace(it, ts=int(time.time() * 1000)) if isinstance(it, Engagement) else it
+        yield msgspec.structs.replace(it, ts=int(time.time() * 1000))
 
 
 def _subscribe(cfg: HirflowConfig, out: list[int], done: threading.Event) -> None:
