@@ -40,6 +40,13 @@ class MemoryIndex:
         self.seq = np.zeros(cap, np.int64)
         self._base: dict[int, np.ndarray] = {}
         self._extra: dict[int, list[int]] = {}
+        # IVF layout of the first codebook, rebuilt by compact(): per cell its rows, their
+        # token rows as int16/int32 (a token is its own index into the flattened lookup table) and
+        # whether each row still sits there; `_cell_pos[row]` is the row's place in its cell
+        self._cell_rows: dict[int, np.ndarray] = {}
+        self._cell_tok: dict[int, np.ndarray] = {}
+        self._cell_valid: dict[int, np.ndarray] = {}
+        self._cell_pos = np.full(cap, -1, np.int64)
         self._extra_n = 0
         self.lock = threading.RLock()
 
@@ -52,9 +59,10 @@ class MemoryIndex:
         if need <= cap:
             return
         new = max(need, cap * 2)
-        for name in ("emb", "tokens", "assign", "types", "seq"):
+        for name in ("emb", "tokens", "assign", "types", "seq", "_cell_pos"):
             a = getattr(self, name)
-            b = np.full((new,) + a.shape[1:], -1 if name in ("tokens", "assign") else 0, a.dtype)
+            b = np.full((new,) + a.shape[1:], -1 if name in ("tokens", "assign", "_cell_pos") else 0,
+                        a.dtype)
             b[:cap] = a
             setattr(self, name, b)
 
@@ -72,6 +80,7 @@ class MemoryIndex:
                 old = set()
             else:
                 old = set(self.tokens[row].tolist())
+                self._move_in_cell(row, tokens)
             self.emb[row] = emb
             self.tokens[row] = tokens
             self.assign[row] = assign
@@ -81,6 +90,18 @@ class MemoryIndex:
                 self._extra_n += 1
         if self._extra_n > max(50_000, self.n // 4):
             self.compact()
+
+    def _move_in_cell(self, row: int, tokens: Sequence[int]) -> None:
+        """Keep the row's entry in its first-codebook cell current (or mark it gone)."""
+        pos = self._cell_pos[row]
+        if pos < 0 or self.codebooks is None:
+            return
+        cell = int(self.tokens[row, 0])
+        if int(tokens[0]) == cell:
+            self._cell_tok[cell][pos] = tokens
+        else:
+            self._cell_valid[cell][pos] = False
+            self._cell_pos[row] = -1
 
     def bulk_load(self, ids: Sequence[str], emb: np.ndarray, tokens: np.ndarray,
                   assign: np.ndarray, seq: np.ndarray | None = None) -> None:
@@ -116,6 +137,16 @@ class MemoryIndex:
             self._base = {int(t): rows[s:e] for t, s, e in zip(uniq, starts, bounds)}
             self._extra = {}
             self._extra_n = 0
+            self._cell_rows, self._cell_tok, self._cell_valid = {}, {}, {}
+            self._cell_pos[:] = -1
+            if self.codebooks is not None:
+                tok_dtype = np.int16 if self.m << self.nbits <= np.iinfo(np.int16).max else np.int32
+                for t, r in self._base.items():
+                    if t >> self.nbits == 0:            # first codebook: one cell per row
+                        self._cell_rows[t] = r
+                        self._cell_tok[t] = self.tokens[r].astype(tok_dtype)
+                        self._cell_valid[t] = np.ones(len(r), bool)
+                        self._cell_pos[r] = np.arange(len(r))
 
     # -- reads (query threads) ------------------------------------------------------------
     def row(self, node: str) -> int | None:
@@ -155,25 +186,24 @@ class MemoryIndex:
         """Nodes sharing tokens with the query, best inner product first.
 
         Candidates beyond `max_candidates` (at least 4k) are cut by their quantized inner
-        product, read from the token matrix through a per-query lookup table (asymmetric
-        distance computation: the quantizer is additive, so <q, x> ~ sum_j <q, C_j[code_j]>),
-        and only the survivors are scored exactly; without codebooks, by shared tokens.
+        product through a per-query lookup table (asymmetric distance computation: the
+        quantizer is additive, so <q, x> ~ sum_j <q, C_j[code_j]>), and only the survivors are
+        scored exactly; without codebooks, by shared tokens.
         """
         q = np.asarray(query, np.float32)
         limit = max(max_candidates, 4 * k)
         with self.lock:
             toks = set(int(t) for t in tokens) | set(self.probe_tokens(q, probes))
-            parts = [self._token_rows(t) for t in toks]
-            parts = [p for p in parts if len(p)]
-            if not parts:
-                return []
-            cat = np.concatenate(parts)
-            if self.codebooks is not None:          # dedupe by a mask: O(n) in C, no sort
-                seen = np.zeros(self.n, bool)
-                seen[cat] = True
-                rows, shared = np.flatnonzero(seen), None
+            if self.codebooks is not None:
+                rows, rank = self._candidates_ivf(q, toks)
             else:
-                rows, shared = np.unique(cat, return_counts=True)
+                parts = [p for p in (self._token_rows(t) for t in toks) if len(p)]
+                if not parts:
+                    return []
+                rows, shared = np.unique(np.concatenate(parts), return_counts=True)
+                rank = shared.astype(np.float32)              # most shared tokens first
+            if not len(rows):
+                return []
             keep = np.ones(len(rows), bool)
             if types is not None:
                 codes = [self.type_code[t] for t in types if t in self.type_code]
@@ -181,14 +211,8 @@ class MemoryIndex:
             skip = [self.rows[x] for x in exclude if x in self.rows]
             if skip:
                 keep &= ~np.isin(rows, skip)
-            rows = rows[keep]
+            rows, rank = rows[keep], rank[keep]
             if len(rows) > limit:
-                if self.codebooks is not None:
-                    lut = self.codebooks @ q                        # (m, 2^nbits)
-                    codes = self.tokens[rows] & ((1 << self.nbits) - 1)
-                    rank = lut[np.arange(self.m), codes].sum(1)
-                else:
-                    rank = shared[keep].astype(np.float32)          # most shared tokens first
                 rows = rows[np.argpartition(-rank, limit - 1)[:limit]]
             scores = self.emb[rows] @ q
             kk = min(k, len(rows))
@@ -197,6 +221,35 @@ class MemoryIndex:
             best = np.argpartition(-scores, kk - 1)[:kk]
             best = best[np.argsort(-scores[best], kind="stable")]
             return [(self.ids[rows[i]], float(scores[i])) for i in best]
+
+    def _candidates_ivf(self, q: np.ndarray, toks: set[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate rows and their quantized inner products. Rows of first-codebook cells are
+        scored from the cell's contiguous token block; the postings of other tokens (and rows
+        that joined a cell since the last compaction) by gathering their token rows."""
+        lut = (self.codebooks @ q).ravel()                  # token value -> <q, codeword>
+        cells = {t for t in toks if t >> self.nbits == 0}
+        rows, rank, loose = [], [], []
+        for t in toks:
+            if t in cells:
+                if t in self._cell_rows:
+                    v = self._cell_valid[t]
+                    rows.append(self._cell_rows[t][v])
+                    rank.append(lut[self._cell_tok[t][v]].sum(1))
+                extra = self._extra.get(t)
+                if extra:
+                    e = np.asarray(extra, np.int64)
+                    loose.append(e[self.tokens[e, 0] == t])
+            else:
+                r = self._token_rows(t)
+                if len(r):                                  # rows in a probed cell are there
+                    loose.append(r[~np.isin(self.tokens[r, 0], list(cells))] if cells else r)
+        if loose:
+            lr = np.unique(np.concatenate(loose))
+            rows.append(lr)
+            rank.append(lut[self.tokens[lr]].sum(1))
+        if not rows:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        return np.concatenate(rows), np.concatenate(rank)
 
     def similar(self, node: str, k: int = 20, types: Iterable[str] | None = None,
                 probes: int = 0) -> list[tuple[str, float]] | None:
