@@ -15,6 +15,7 @@ learnable per head (`GraphBias`), so one set of weights serves every path:
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -114,15 +115,6 @@ def generate_graph_score_mod(batch: PackedBatch, bias: GraphBias):
 
 
 # -- dense references ------------------------------------------------------------------------
-def _bias_at(batch: PackedBatch, bias: GraphBias, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-    """Bias (..., H) for token index tensors q, kv of the same shape (the same formula)."""
-    same = batch.doc[q] == batch.doc[kv]
-    i = torch.where(same, batch.tok_base[q] + batch.local[q] * batch.tok_n[q] + batch.local[kv], 0)
-    return (bias.spd[batch.spd[i]] + bias.action[batch.etype[i]]
-            + batch.eweight[i][..., None] * bias.weight + bias.recency[batch.erec[i]]
-            + bias.types[batch.type_ids[q] * bias.n_types + batch.type_ids[kv]])
-
-
 def view_bias(batch: PackedBatch, bias: GraphBias, i: int) -> torch.Tensor:
     """(H, n, n) bias of view i, straight from its flat tables."""
     n = batch.view_sizes[i]
@@ -152,22 +144,59 @@ def attend_dense_packed(q, k, v, batch: PackedBatch, bias: GraphBias) -> torch.T
     return F.scaled_dot_product_attention(q, k, v, attn_mask=dense_packed_bias(batch, bias)[None])
 
 
-def attend_dense_per_view(q, k, v, batch: PackedBatch, bias: GraphBias) -> torch.Tensor:
-    """The same attention computed view by view, padded to the largest view: (V, H, n, n)
-    biases only, with a backward on every device (the CPU training path)."""
-    tok = batch.dense_tok                                     # (V, n)
+@dataclass(frozen=True)
+class DenseViewLayout:
+    """What the per-view dense path needs of a batch, computed once per forward and shared by
+    every layer (only the bias tables differ between layers): each view's tokens padded to
+    the largest view, per pair one index into the joint (spd, action, recency, type pair)
+    table and the edge weight, and the additive view mask."""
+    tok: torch.Tensor           # (V, n) token index (padding slots point at token 0)
+    valid: torch.Tensor         # (V, n) slot holds a real token
+    joint: torch.Tensor         # (V, n, n) index into `joint_table`
+    eweight: torch.Tensor       # (V, n, n) signed log edge weight
+    mask: torch.Tensor          # (V, 1, n, n) 0 or -inf; padded query rows all 0 (no NaN)
+
+
+def joint_table(bias: GraphBias) -> torch.Tensor:
+    """(n_spd * n_action * n_recency * n_types^2, H): every combination of the four table
+    terms, summed. A few hundred KB, so one gather per pair replaces four."""
+    H = bias.weight.shape[0]
+    return (bias.spd[:, None, None, None] + bias.action[None, :, None, None]
+            + bias.recency[None, None, :, None] + bias.types[None, None, None, :]).reshape(-1, H)
+
+
+def dense_view_layout(batch: PackedBatch, bias: GraphBias) -> DenseViewLayout:
+    tok = batch.dense_tok
     valid = tok >= 0
     t = tok.clamp(min=0)
-    qv, kv_, vv = (x[0][:, t].permute(1, 0, 2, 3) for x in (q, k, v))   # (V, H, n, D)
-    b = _bias_at(batch, bias, t[:, :, None].expand(-1, -1, t.shape[1]),
-                 t[:, None, :].expand(-1, t.shape[1], -1)).permute(0, 3, 1, 2)  # (V, H, n, n)
-    mask = valid[:, None, None, :] & valid[:, None, :, None]
-    b = b.masked_fill(~mask, float("-inf"))
-    b = b.masked_fill(~valid[:, None, :, None], 0.0)          # padded query rows: no NaN
-    out = F.scaled_dot_product_attention(qv, kv_, vv, attn_mask=b)     # (V, H, n, D)
-    full = torch.zeros_like(q[0]).permute(1, 0, 2)             # (S, H, D)
-    full = full.index_put((tok[valid],), out.permute(0, 2, 1, 3)[valid])
-    return full.permute(1, 0, 2)[None]
+    n = t.shape[1]
+    q, kv = t[:, :, None].expand(-1, -1, n), t[:, None, :].expand(-1, n, -1)
+    same = batch.doc[q] == batch.doc[kv]
+    i = torch.where(same, batch.tok_base[q] + batch.local[q] * batch.tok_n[q] + batch.local[kv], 0)
+    ty = batch.type_ids[t]
+    n_act, n_rec, n_tt = bias.action.shape[0], bias.recency.shape[0], bias.types.shape[0]
+    joint = ((batch.spd[i] * n_act + batch.etype[i]) * n_rec + batch.erec[i]) * n_tt \
+        + ty[:, :, None] * bias.n_types + ty[:, None, :]
+    pair_ok = valid[:, :, None] & valid[:, None, :]
+    mask = torch.zeros(pair_ok.shape, dtype=batch.eweight.dtype, device=t.device)
+    mask = mask.masked_fill(~pair_ok & valid[:, :, None], float("-inf"))[:, None]
+    return DenseViewLayout(tok=t, valid=valid, joint=joint, eweight=batch.eweight[i], mask=mask)
+
+
+def attend_dense_per_view(q, k, v, batch: PackedBatch, bias: GraphBias,
+                          layout: DenseViewLayout | None = None) -> torch.Tensor:
+    """The same attention computed view by view, padded to the largest view: (V, H, n, n)
+    biases only, with a backward on every device (the CPU training path)."""
+    lay = layout if layout is not None else dense_view_layout(batch, bias)
+    V, n = lay.tok.shape
+    flat = lay.tok.reshape(-1)
+    qv, kv_, vv = (x[0].index_select(1, flat).unflatten(1, (V, n)).transpose(0, 1)
+                   for x in (q, k, v))                                  # (V, H, n, D)
+    b = F.embedding(lay.joint, joint_table(bias)) + lay.eweight[..., None] * bias.weight
+    out = F.scaled_dot_product_attention(qv, kv_, vv, attn_mask=b.permute(0, 3, 1, 2) + lay.mask)
+    full = torch.zeros_like(q[0]).transpose(0, 1)             # (S, H, D)
+    full = full.index_put((batch.dense_tok[lay.valid],), out.transpose(1, 2)[lay.valid])
+    return full.transpose(0, 1)[None]
 
 
 @functools.lru_cache(maxsize=1)

@@ -73,7 +73,7 @@ def bucket_length(n: int, buckets: Sequence[int]) -> int:
 def adjacency(views: Sequence[View], n_max: int) -> np.ndarray:
     """(V, n_max, n_max) float32 undirected 0/1 adjacency of every view, in one scatter."""
     a = np.zeros((len(views), n_max, n_max), np.float32)
-    vi = np.concatenate([np.full(len(v.edge_src), i) for i, v in enumerate(views)]).astype(np.int64)
+    vi = np.repeat(np.arange(len(views), dtype=np.int64), [len(v.edge_src) for v in views])
     src = np.concatenate([v.edge_src for v in views]).astype(np.int64)
     dst = np.concatenate([v.edge_dst for v in views]).astype(np.int64)
     a[vi, src, dst] = 1.0
@@ -119,27 +119,46 @@ def rwse_batched(a: np.ndarray, steps: int) -> np.ndarray:
     return out
 
 
-def _edge_tables(v: View, cfg: PackConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per pair (either direction): action of the heaviest edge (+1; 0 = none), its signed
-    log1p weight, and the recency bucket of the most recent edge (+1; 0 = none)."""
-    n = v.size
-    etype = np.zeros((n, n), np.int64)
-    eweight = np.zeros((n, n), np.float32)
-    erec = np.zeros((n, n), np.int64)
-    if len(v.edge_src):
-        order = np.argsort(np.abs(v.edge_weight), kind="stable")        # heaviest written last
-        s, d = v.edge_src[order], v.edge_dst[order]
-        w = v.edge_weight[order]
-        sw = np.sign(w) * np.log1p(np.abs(w))
-        for x, y in ((s, d), (d, s)):
-            etype[x, y] = v.edge_action[order].astype(np.int64) + 1
-            eweight[x, y] = sw
-        bucket = np.clip(np.floor(np.log2(1.0 + v.edge_age / 3600.0)), 0, cfg.recency_buckets - 1)
-        order = np.argsort(-v.edge_age, kind="stable")                  # most recent written last
-        s, d, bk = v.edge_src[order], v.edge_dst[order], bucket[order].astype(np.int64) + 1
-        erec[s, d] = bk
-        erec[d, s] = bk
-    return etype, eweight, erec
+def _winner_per_key(key: np.ndarray, value: np.ndarray, size: int) -> np.ndarray:
+    """Per distinct key, the index of the element with the largest value, the last such one
+    on ties: "written last wins" without a sort and without relying on the unspecified order
+    of a fancy-index assignment with repeated indices."""
+    best = np.full(size, -np.inf, value.dtype)
+    np.maximum.at(best, key, value)
+    win = np.flatnonzero(value == best[key])
+    last = np.full(size, -1, np.int64)
+    np.maximum.at(last, key[win], win)
+    return last[last >= 0]
+
+
+def edge_tables_batched(views: Sequence[View], n_max: int, cfg: PackConfig):
+    """(V, n_max, n_max) tables per pair, either direction: action of the heaviest edge (+1;
+    0 = none), its signed log1p weight, and the recency bucket of the most recent edge (+1;
+    0 = none). All views in one pass: one sort and one scatter per table."""
+    V = len(views)
+    etype = np.zeros(V * n_max * n_max, np.int64)
+    eweight = np.zeros(V * n_max * n_max, np.float32)
+    erec = np.zeros(V * n_max * n_max, np.int64)
+    counts = [len(v.edge_src) for v in views]
+    if sum(counts):
+        vi = np.repeat(np.arange(V, dtype=np.int64), counts)
+        s = np.concatenate([v.edge_src for v in views]).astype(np.int64)
+        d = np.concatenate([v.edge_dst for v in views]).astype(np.int64)
+        w = np.concatenate([v.edge_weight for v in views])
+        act = np.concatenate([v.edge_action for v in views]).astype(np.int64) + 1
+        age = np.concatenate([v.edge_age for v in views])
+        base = vi * n_max * n_max
+        key = np.concatenate([base + s * n_max + d, base + d * n_max + s])   # both directions
+        w2, act2, age2 = np.tile(w, 2), np.tile(act, 2), np.tile(age, 2)
+        size = V * n_max * n_max
+        heavy = _winner_per_key(key, np.abs(w2), size)                        # heaviest edge
+        etype[key[heavy]] = act2[heavy]
+        eweight[key[heavy]] = np.sign(w2[heavy]) * np.log1p(np.abs(w2[heavy]))
+        recent = _winner_per_key(key, -age2, size)                            # most recent edge
+        bucket = np.clip(np.floor(np.log2(1.0 + age2[recent] / 3600.0)), 0, cfg.recency_buckets - 1)
+        erec[key[recent]] = bucket.astype(np.int64) + 1
+    shape = (V, n_max, n_max)
+    return etype.reshape(shape), eweight.reshape(shape), erec.reshape(shape)
 
 
 @dataclass
@@ -149,8 +168,10 @@ class PackedBatch:
     doc (S,) int64 view of each token (V for padding); local (S,) index inside its view;
     tok_base (S,) int64 where its view's tables start; tok_n (S,) its view's size;
     anchor_pos (V,) token of each anchor; type_ids, hop (S,) int64; stats (S, N_STATS);
-    hash_x (S, k); rwse (S, steps); knowledge (S, Dk) + has_knowledge (S,); image (S, Di) +
-    has_image (S,); frequent (S,) bool; tables spd/etype/erec (T,) int64, eweight (T,) float.
+    rwse (S, steps); frequent (S,) bool; tables spd/etype/erec (T,) int64, eweight (T,) float.
+    What depends on the node id alone is stored once per distinct node (U of them; views of
+    one batch share many nodes) and found through token_node (S,) (padding -> 0):
+    hash_x (U, k); knowledge (U, Dk) + has_knowledge (U,); image (U, Di) + has_image (U,).
     Dense per-view layout: dense_tok (V, n_max) token index or -1.
     """
     doc: torch.Tensor
@@ -161,6 +182,7 @@ class PackedBatch:
     type_ids: torch.Tensor
     hop: torch.Tensor
     stats: torch.Tensor
+    token_node: torch.Tensor
     hash_x: torch.Tensor
     rwse: torch.Tensor
     knowledge: torch.Tensor
@@ -205,54 +227,59 @@ def pack(views: Sequence[View], cfg: PackConfig,
     tbl_starts = np.concatenate([[0], np.cumsum(tbl_sizes)[:-1]]).astype(np.int64)
     T = max(1024, 1 << int(np.ceil(np.log2(max(1, tbl_sizes.sum())))))   # pow2 bucket
 
+    n_max = max(sizes)
+    size_arr = np.asarray(sizes, np.int64)
+    vid = np.repeat(np.arange(V, dtype=np.int64), size_arr)          # view of each token
+    loc = np.arange(total, dtype=np.int64) - starts[vid]             # index inside its view
     doc = np.full(S, V, np.int64)
     local = np.zeros(S, np.int64)
     tok_base = np.zeros(S, np.int64)
     tok_n = np.ones(S, np.int64)
+    doc[:total], local[:total] = vid, loc
+    tok_base[:total], tok_n[:total] = tbl_starts[vid], size_arr[vid]
     type_ids = np.zeros(S, np.int64)
     hop = np.zeros(S, np.int64)
     stats = np.zeros((S, N_STATS), np.float32)
+    type_ids[:total] = np.concatenate([v.types for v in views])
+    hop[:total] = np.concatenate([v.hop for v in views])
+    stats[:total] = np.concatenate([v.stats for v in views])
+    dense_tok = np.full((V, n_max), -1, np.int64)
+    dense_tok[vid, loc] = np.arange(total)
+    adj = adjacency(views, n_max)
     rw = np.zeros((S, cfg.rwse_steps), np.float32)
+    rw[:total] = rwse_batched(adj, cfg.rwse_steps)[vid, loc]
     spd = np.zeros(T, np.int64)
     etype = np.zeros(T, np.int64)
     eweight = np.zeros(T, np.float32)
     erec = np.zeros(T, np.int64)
-    n_max = max(sizes)
-    dense_tok = np.full((V, n_max), -1, np.int64)
-    ids: list[str] = []
-    adj = adjacency(views, n_max)
-    spd_all = shortest_paths_batched(adj, cfg.max_spd)             # (V, n_max, n_max)
-    rw_all = rwse_batched(adj, cfg.rwse_steps)                     # (V, n_max, steps)
-    for i, v in enumerate(views):
-        n, s0, t0 = v.size, starts[i], tbl_starts[i]
-        sl = slice(s0, s0 + n)
-        doc[sl], local[sl], tok_base[sl], tok_n[sl] = i, np.arange(n), t0, n
-        type_ids[sl], hop[sl], stats[sl] = v.types, v.hop, v.stats
-        rw[sl] = rw_all[i, :n]
-        spd[t0:t0 + n * n] = spd_all[i, :n, :n].ravel()
-        et, ew, er = _edge_tables(v, cfg)
-        etype[t0:t0 + n * n], eweight[t0:t0 + n * n], erec[t0:t0 + n * n] = et.ravel(), ew.ravel(), er.ravel()
-        dense_tok[i, :n] = np.arange(s0, s0 + n)
-        ids.extend(v.nodes)
-    hash_x = np.zeros((S, cfg.hash_count), np.float32)
-    hash_x[:total] = hash_features(ids, cfg)
-    kn = np.zeros((S, cfg.knowledge_dim), np.float32)
-    has_kn = np.zeros(S, bool)
-    im = np.zeros((S, cfg.image_dim), np.float32)
-    has_im = np.zeros(S, bool)
-    for j, n in enumerate(ids):
-        if knowledge is not None and (vec := knowledge.get(n)) is not None:
-            kn[j, :len(vec)] = vec[:cfg.knowledge_dim]
-            has_kn[j] = True
-        if images is not None and (vec := images.get(n)) is not None:
-            vec = np.asarray(vec, np.float32)[:cfg.image_dim]
-            im[j, :len(vec)] = vec
-            has_im[j] = True
+    tables = (shortest_paths_batched(adj, cfg.max_spd),) + edge_tables_batched(views, n_max, cfg)
+    for out, full in zip((spd, etype, eweight, erec), tables):
+        for i, n in enumerate(sizes):              # contiguous copies: cheaper than a gather
+            out[tbl_starts[i]:tbl_starts[i] + n * n] = full[i, :n, :n].ravel()
+    ids = [n for v in views for n in v.nodes]
+    uniq = {n: j for j, n in enumerate(dict.fromkeys(ids))}     # views share many nodes
+    at = np.fromiter((uniq[n] for n in ids), np.int64, total)
+    names = list(uniq)
+    token_node = np.zeros(S, np.int64)
+    token_node[:total] = at
+    hash_x = hash_features(names, cfg)
+    U = len(names)
+    kn, has_kn = np.zeros((U, cfg.knowledge_dim), np.float32), np.zeros(U, bool)
+    im, has_im = np.zeros((U, cfg.image_dim), np.float32), np.zeros(U, bool)
+    for vecs, out, has, dim in ((knowledge, kn, has_kn, cfg.knowledge_dim),
+                                (images, im, has_im, cfg.image_dim)):
+        if not vecs:
+            continue
+        for j, n in enumerate(names):
+            if (vec := vecs.get(n)) is not None:
+                vec = np.asarray(vec, np.float32)[:dim]
+                out[j, :len(vec)] = vec
+                has[j] = True
     t = torch.from_numpy
     return PackedBatch(
         doc=t(doc), local=t(local), tok_base=t(tok_base), tok_n=t(tok_n),
         anchor_pos=t(starts.copy()), type_ids=t(type_ids), hop=t(np.minimum(hop, 15)),
-        stats=t(stats), hash_x=t(hash_x), rwse=t(rw), knowledge=t(kn), has_knowledge=t(has_kn),
+        stats=t(stats), token_node=t(token_node), hash_x=t(hash_x), rwse=t(rw), knowledge=t(kn), has_knowledge=t(has_kn),
         image=t(im), has_image=t(has_im), frequent=t(stats[:, N_STATS - 1] > 0.5),
         spd=t(spd), etype=t(etype), eweight=t(eweight), erec=t(erec), dense_tok=t(dense_tok),
         view_sizes=list(sizes), block_size=cfg.block_size)

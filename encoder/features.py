@@ -41,10 +41,12 @@ class NodeFeatures(nn.Module):
         self.norm = nn.LayerNorm(d)
 
     def forward(self, b: PackedBatch) -> torch.Tensor:
-        """-> (S, d) token embeddings."""
+        """-> (S, d) token embeddings. The id-only parts (deep hash, knowledge, image) are
+        computed once per distinct node of the batch and gathered to its tokens."""
         x = self.type_emb(b.type_ids) + self.hop_emb(b.hop) + self.stats(b.stats)
         x = x + self.rwse(b.rwse)
-        x = x + self.dhe(b.hash_x) * b.frequent[:, None]                 # frequent ids only
-        x = x + self.knowledge(b.knowledge) * b.has_knowledge[:, None]
-        x = x + self.image(b.image) * b.has_image[:, None]
-        return self.norm(x)
+        node = b.token_node
+        x = x + self.dhe(b.hash_x)[node] * b.frequent[:, None]            # frequent ids only
+        known = (self.knowledge(b.knowledge) * b.has_knowledge[:, None]
+                 + self.image(b.image) * b.has_image[:, None])
+        return self.norm(x + known[node])

@@ -73,16 +73,17 @@ class Block(nn.Module):
         self.bias = A.GraphBias(cfg.n_heads, cfg.pack.n_spd, cfg.n_actions,
                                 cfg.pack.recency_buckets, cfg.n_types)
 
-    def forward(self, x: torch.Tensor, b: PackedBatch, backend: str, block_mask) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, b: PackedBatch, backend: str, layout) -> torch.Tensor:
+        """`layout`: the BlockMask on the flex paths, the DenseViewLayout on dense_per_view."""
         S = x.shape[0]
         q, k, v = self.qkv(self.ln1(x)).view(S, 3, self.h, self.d // self.h).permute(1, 2, 0, 3)
         q, k, v = q[None], k[None], v[None]                       # (1, H, S, hd)
         if backend == "dense_per_view":
-            y = A.attend_dense_per_view(q, k, v, b, self.bias)
+            y = A.attend_dense_per_view(q, k, v, b, self.bias, layout)
         elif backend == "dense_packed":
             y = A.attend_dense_packed(q, k, v, b, self.bias)
         else:
-            y = A.attend_flex(q, k, v, b, self.bias, block_mask, compiled=backend == "flex_compiled")
+            y = A.attend_flex(q, k, v, b, self.bias, layout, compiled=backend == "flex_compiled")
         y = y[0].permute(1, 0, 2).reshape(S, self.d)               # (S, d)
         x = x + self.drop(self.proj(y))
         return x + self.drop(self.mlp(self.ln2(x)))
@@ -126,10 +127,15 @@ class HierarchicalEncoder(nn.Module):
     def forward(self, b: PackedBatch, backend: str | None = None):
         """-> emb (V, d_emb) unit vectors, logits: list of (V, K_l) per level."""
         backend = backend or self.backend(max_view=max(b.view_sizes))
-        block_mask = A.build_block_mask(b, self.device) if backend.startswith("flex") else None
+        if backend.startswith("flex"):
+            layout = A.build_block_mask(b, self.device)
+        elif backend == "dense_per_view":
+            layout = A.dense_view_layout(b, self.blocks[0].bias)
+        else:
+            layout = None
         x = self.features(b)
         for blk in self.blocks:
-            x = blk(x, b, backend, block_mask)
+            x = blk(x, b, backend, layout)
         emb = F.normalize(self.head(self.ln_f(x[b.anchor_pos])), dim=-1)   # (V, d_emb)
         logits = [emb @ p.T / self.cfg.temperature for p in self.level_prototypes()]
         return emb, logits
