@@ -134,7 +134,7 @@ class ViewSampler:
     def _compute(self, s: NodeState, cutoff: int) -> "_NodeInfo":
         best: dict[str, float] = {}
         by_nbr: dict[str, list] = {}
-        rates, rec, exp = self.rates, self._recency, math.exp
+        rates, rec, exp, codes = self.rates, self._recency, math.exp, self.action_index
         deg = [0, 0]
         for (nbr, action, d), (w, tref, _, first) in s.edges.items():
             if first > cutoff:
@@ -145,7 +145,7 @@ class ViewSampler:
             imp = abs(wt) * exp(-rec * dt)
             if imp > best.get(nbr, 0.0):
                 best[nbr] = imp
-            by_nbr.setdefault(nbr, []).append((action, d, wt, dt))
+            by_nbr.setdefault(nbr, []).append((codes[action], d, wt, dt))
             deg[d] += 1
         day = 86_400_000.0
         stats = (math.log1p(s.events), math.log1p(deg[OUT]), math.log1p(deg[IN]),
@@ -239,41 +239,38 @@ class ViewSampler:
     def _build(self, anchor: str, cutoff: int, nodes: list[str], hops: dict[str, int],
                states: dict[str, NodeState | None]) -> View:
         local = {n: j for j, n in enumerate(nodes)}
-        edges: dict[tuple[int, int, str], tuple[float, int]] = {}
-        stats = np.zeros((len(nodes), N_STATS), np.float32)
-        for j, n in enumerate(nodes):
-            info = self._info(states.get(n), cutoff)
-            if info is _EMPTY:
-                continue
-            stats[j] = info.stats
+        infos = [self._info(states.get(n), cutoff) for n in nodes]
+        edges: dict[tuple[int, int, int], tuple[float, int]] = {}
+        for j, info in enumerate(infos):
             by_nbr = info.by_nbr
-            # C-level intersection instead of n x n lookups; sorted, because set order follows
-            # the per-process string hash and edge order must not (reproducible training)
-            for k in sorted(local[o] for o in by_nbr.keys() & local.keys()):
-                other = nodes[k]
+            # C-level intersection instead of n x n lookups; an edge is seen from both ends
+            # (both records hold it, unless one evicted it): the first one kept
+            for other in by_nbr.keys() & local.keys():
+                k = local[other]
                 for action, d, wt, dt in by_nbr[other]:
                     key = (j, k, action) if d == OUT else (k, j, action)
                     if key not in edges:
                         edges[key] = (wt, dt)
-        keys = list(edges)
-        ai = self.action_index
+        # sorted: set order follows the per-process string hash, edge order must not
+        keys = sorted(edges)
+        vals = [edges[k] for k in keys]
         return View(
             anchor=anchor, cutoff=cutoff, nodes=tuple(nodes),
             types=np.array([self.type_index.get(n.partition(":")[0], 0) for n in nodes], np.int16),
             hop=np.array([min(hops.get(n, 0), 127) for n in nodes], np.int8),
-            stats=stats,
+            stats=np.array([info.stats for info in infos], np.float32).reshape(len(nodes), N_STATS),
             edge_src=np.array([k[0] for k in keys], np.int32),
             edge_dst=np.array([k[1] for k in keys], np.int32),
-            edge_action=np.array([ai[k[2]] for k in keys], np.int16),
-            edge_weight=np.array([edges[k][0] for k in keys], np.float32),
-            edge_age=np.array([edges[k][1] / 1000.0 for k in keys], np.float32),
+            edge_action=np.array([k[2] for k in keys], np.int16),
+            edge_weight=np.array([v[0] for v in vals], np.float32),
+            edge_age=np.array([v[1] / 1000.0 for v in vals], np.float32),
         )
 
 
 @dataclass(frozen=True)
 class _NodeInfo:
     ranked: list            # [(importance, neighbour)] heaviest first
-    by_nbr: dict            # neighbour -> [(action, direction, weight at cutoff, age ms)]
+    by_nbr: dict            # neighbour -> [(action code, direction, weight at cutoff, age ms)]
     stats: tuple            # N_STATS floats
 
 
