@@ -134,7 +134,7 @@ def _winner_per_key(key: np.ndarray, value: np.ndarray, size: int) -> np.ndarray
 def edge_tables_batched(views: Sequence[View], n_max: int, cfg: PackConfig):
     """(V, n_max, n_max) tables per pair, either direction: action of the heaviest edge (+1;
     0 = none), its signed log1p weight, and the recency bucket of the most recent edge (+1;
-    0 = none). All views in one pass: one sort and one scatter per table."""
+    0 = none). All views in one pass: a scatter-max per table, no per-view loop or sort."""
     V = len(views)
     etype = np.zeros(V * n_max * n_max, np.int64)
     eweight = np.zeros(V * n_max * n_max, np.float32)
@@ -279,7 +279,8 @@ def pack(views: Sequence[View], cfg: PackConfig,
     return PackedBatch(
         doc=t(doc), local=t(local), tok_base=t(tok_base), tok_n=t(tok_n),
         anchor_pos=t(starts.copy()), type_ids=t(type_ids), hop=t(np.minimum(hop, 15)),
-        stats=t(stats), token_node=t(token_node), hash_x=t(hash_x), rwse=t(rw), knowledge=t(kn), has_knowledge=t(has_kn),
+        stats=t(stats), token_node=t(token_node), hash_x=t(hash_x), rwse=t(rw),
+        knowledge=t(kn), has_knowledge=t(has_kn),
         image=t(im), has_image=t(has_im), frequent=t(stats[:, N_STATS - 1] > 0.5),
         spd=t(spd), etype=t(etype), eweight=t(eweight), erec=t(erec), dense_tok=t(dense_tok),
         view_sizes=list(sizes), block_size=cfg.block_size)

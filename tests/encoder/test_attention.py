@@ -146,3 +146,32 @@ def test_shortest_paths_equal_networkx(seed):
         for j in range(n):
             d = ref[i].get(j)
             assert ours[i, j] == (7 if d is None or d > 6 else d)
+
+
+def test_edge_tables_keep_the_heaviest_and_the_most_recent_edge_of_a_pair_either_way():
+    """A pair holding edges both ways (and a repeat) gets, in both directions, the action and
+    weight of its heaviest edge and the recency of its most recent one; packing many views at
+    once gives each view the tables it gets alone."""
+    from dataclasses import replace
+    rng = np.random.default_rng(0)
+    v = replace(random_view(rng, 3, 0),
+                edge_src=np.array([0, 1, 0], np.int32), edge_dst=np.array([1, 0, 1], np.int32),
+                edge_action=np.array([2, 5, 7], np.int16),
+                edge_weight=np.array([-3.0, 0.5, 1.0], np.float32),
+                edge_age=np.array([7200.0, 10.0, 3600.0 * 40], np.float32))
+    cfg = PackConfig()
+    b = pack([v], cfg)
+    n = 3
+    at = lambda t, i, j: t[i * n + j].item()                  # noqa: E731
+    for i, j in ((0, 1), (1, 0)):
+        assert at(b.etype, i, j) == 3                          # action 2 (+1): |-3| heaviest
+        assert at(b.eweight, i, j) == pytest.approx(-np.log1p(3.0))
+        assert at(b.erec, i, j) == 1                           # 10 s old: bucket 0 (+1)
+    assert at(b.etype, 0, 2) == 0 and at(b.erec, 1, 2) == 0
+    views = random_views(4, 6)
+    together = pack(views, cfg)
+    for i, view in enumerate(views):
+        alone = pack([view], cfg)
+        t0, m = int(together.tok_base[together.anchor_pos[i]]), view.size ** 2
+        for name in ("spd", "etype", "eweight", "erec"):
+            assert torch.equal(getattr(together, name)[t0:t0 + m], getattr(alone, name)[:m])
