@@ -70,53 +70,55 @@ def bucket_length(n: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"{n} tokens exceed the largest sequence bucket {buckets[-1]}")
 
 
-def adjacency(views: Sequence[View], n_max: int) -> np.ndarray:
+def adjacency(views: Sequence[View], n_max: int) -> torch.Tensor:
     """(V, n_max, n_max) float32 undirected 0/1 adjacency of every view, in one scatter."""
-    a = np.zeros((len(views), n_max, n_max), np.float32)
-    vi = np.repeat(np.arange(len(views), dtype=np.int64), [len(v.edge_src) for v in views])
-    src = np.concatenate([v.edge_src for v in views]).astype(np.int64)
-    dst = np.concatenate([v.edge_dst for v in views]).astype(np.int64)
+    a = torch.zeros((len(views), n_max, n_max))
+    vi = torch.from_numpy(np.repeat(np.arange(len(views), dtype=np.int64), [len(v.edge_src) for v in views]))
+    src = torch.from_numpy(np.concatenate([v.edge_src for v in views]).astype(np.int64))
+    dst = torch.from_numpy(np.concatenate([v.edge_dst for v in views]).astype(np.int64))
     a[vi, src, dst] = 1.0
     a[vi, dst, src] = 1.0
     return a
 
 
-def shortest_paths_batched(a: np.ndarray, max_spd: int) -> np.ndarray:
-    """(V, n, n) hop distances by BFS as batched matmuls; max_spd + 1 = unreachable/far."""
+def shortest_paths_batched(a: torch.Tensor, max_spd: int) -> np.ndarray:
+    """(V, n, n) int8 hop distances by BFS as batched matmuls (torch: threaded BLAS, which
+    numpy's stacked matmul is not); max_spd + 1 = unreachable/far."""
     V, n, _ = a.shape
-    dist = np.full((V, n, n), max_spd + 1, np.int64)
-    eye = np.broadcast_to(np.eye(n, dtype=bool), (V, n, n))
-    dist[eye] = 0
-    reach = eye.astype(np.float32)
-    seen = eye.copy()
+    dist = torch.full((V, n, n), max_spd + 1, dtype=torch.int8)
+    eye = torch.eye(n, dtype=torch.bool).expand(V, n, n)
+    dist.masked_fill_(eye, 0)
+    reach, seen = eye.float(), eye.clone()
     for d in range(1, max_spd + 1):
-        reach = (np.matmul(reach, a) > 0).astype(np.float32)
-        new = (reach > 0) & ~seen
+        hit = torch.bmm(reach, a) > 0
+        new = hit & ~seen
         if not new.any():
             break
-        dist[new] = d
+        dist.masked_fill_(new, d)
         seen |= new
-    return dist
+        reach = hit.float()
+    return dist.numpy()
 
 
 def shortest_paths(n: int, src: np.ndarray, dst: np.ndarray, max_spd: int) -> np.ndarray:
     """(n, n) int64 hop distances on the undirected view graph; max_spd + 1 = unreachable/far."""
-    a = np.zeros((1, n, n), np.float32)
-    a[0, src, dst] = 1.0
-    a[0, dst, src] = 1.0
-    return shortest_paths_batched(a, max_spd)[0]
+    a = torch.zeros((1, n, n))
+    a[0, torch.from_numpy(np.asarray(src, np.int64)), torch.from_numpy(np.asarray(dst, np.int64))] = 1.0
+    a[0, torch.from_numpy(np.asarray(dst, np.int64)), torch.from_numpy(np.asarray(src, np.int64))] = 1.0
+    return shortest_paths_batched(a, max_spd)[0].astype(np.int64)
 
 
-def rwse_batched(a: np.ndarray, steps: int) -> np.ndarray:
+def rwse_batched(a: torch.Tensor, steps: int) -> np.ndarray:
     """(V, n, steps): probability that a k-step random walk returns to its start."""
-    deg = a.sum(-1, keepdims=True)
-    p = np.divide(a, deg, out=np.zeros_like(a), where=deg > 0)
-    out = np.zeros(a.shape[:2] + (steps,), np.float32)
+    deg = a.sum(-1, keepdim=True)
+    p = a / deg.clamp_min(1.0)                  # rows of isolated nodes stay zero
+    out = torch.zeros(a.shape[:2] + (steps,))
     m = p
     for k in range(steps):
-        out[:, :, k] = np.diagonal(m, axis1=1, axis2=2)
-        m = np.matmul(m, p)
-    return out
+        out[:, :, k] = m.diagonal(dim1=1, dim2=2)
+        if k + 1 < steps:
+            m = torch.bmm(m, p)
+    return out.numpy()
 
 
 def _winner_per_key(key: np.ndarray, value: np.ndarray, size: int) -> np.ndarray:
