@@ -155,8 +155,11 @@ class ViewSampler:
         return _NodeInfo(sorted(((v, n) for n, v in best.items()), reverse=True), by_nbr, stats)
 
     # -- sampling -------------------------------------------------------------------------
-    def sample(self, anchors: list[str], cutoff: int) -> list[View]:
-        """One view per anchor; all anchors of a call share one cutoff and batched reads."""
+    def sample(self, anchors: list[str], cutoff: int,
+               rng: np.random.Generator | None = None) -> list[View]:
+        """One view per anchor; all anchors of a call share one cutoff and batched reads.
+        `rng` (default: the sampler's own) drives the walks: the trainer passes one per batch
+        so that which worker samples a batch does not change it."""
         cfg = self.cfg
         prio: list[dict[str, float]] = [{a: math.inf} for a in anchors]
         hops: list[dict[str, int]] = [{a: 0} for a in anchors]
@@ -181,7 +184,7 @@ class ViewSampler:
                             prio[i][nb] = score
                 nxt.append(new)
             frontier = nxt
-        self._walk(anchors, cutoff, prio, hops, ranked)
+        self._walk(anchors, cutoff, prio, hops, ranked, self.rng if rng is None else rng)
         chosen = []
         for i, a in enumerate(anchors):
             rest = sorted(((p, n) for n, p in prio[i].items() if n != a), key=lambda x: (-x[0], x[1]))
@@ -189,11 +192,11 @@ class ViewSampler:
         states = self._states([n for c in chosen for n in c])
         return [self._build(a, cutoff, c, hops[i], states) for i, (a, c) in enumerate(zip(anchors, chosen))]
 
-    def _walk(self, anchors, cutoff, prio, hops, ranked) -> None:
+    def _walk(self, anchors, cutoff, prio, hops, ranked, rng: np.random.Generator) -> None:
         """Random walks with restart, all anchors stepping together (one batched read per
         step); a step picks a neighbour with probability proportional to its importance;
         each visit adds to that node's priority."""
-        cfg, rng = self.cfg, self.rng
+        cfg = self.cfg
         if cfg.walks == 0 or cfg.walk_length == 0:
             return
         W = cfg.walks

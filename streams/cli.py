@@ -222,55 +222,126 @@ def state_cmd(obj: Ctx, nodes, top):
                 "edges": [e.__dict__ for e in r.neighbors(n, k=top)]}, indent=2, default=str))
 
 
-@cli.command()
-@click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Train from a file that `hirflow replay` reads instead of the Kafka topic.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "taobao"]))
-@click.option("--cutoff", help="Use events up to this time (ms or YYYY-MM-DD; default: now).")
-@click.option("--train-share", type=float, default=0.7, show_default=True,
-              help="Share of the data's time span used for training (the rest: validation, test).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("var/checkpoints"), show_default=True)
-@click.option("--parent", help="Id of the checkpoint this one follows.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--steps-per-chunk", type=int, default=8, show_default=True)
-@click.option("--announce/--no-announce", default=True, show_default=True,
-              help="Announce the checkpoint on hirflow.checkpoints when it is complete.")
-@click.pass_obj
-def train(obj: Ctx, input_path, fmt, cutoff, train_share, out, parent, seed, steps_per_chunk, announce):
-    """Train a checkpoint on the training window of the data (strict time cutoff)."""
-    from encoder.model import EncoderConfig
+def _data_loader(cfg, input_path, fmt, entities_path):
+    """cutoff -> (engagements, entities) from a file (any format `hirflow replay` reads, plus
+    an optional entities file) or from the Kafka topics, read to the cutoff."""
     from state.events import Engagement, Validator
     from streams.replay import detect_format, read_events
     from streams.topics import Topics
-    from trainer.data import chronological_windows, read_topic
-    from trainer.publish import announce as do_announce
-    from trainer.train import TrainConfig, train as run_train
-    cfg = obj.config()
+    from trainer.data import read_topic
     validator = Validator(cfg.schema)
-    cut = _parse_start(cutoff) if cutoff else int(time.time() * 1000)
-    topics = Topics(cfg.kafka.topic_prefix)
+
+    def from_files(cutoff):
+        evs, ents = [], []
+        for path, f in ((input_path, fmt), (entities_path, None)):
+            if path is None:
+                continue
+            for e in read_events(path, f or detect_format(path), validator):
+                (evs if isinstance(e, Engagement) else ents).append(e)
+        return [e for e in evs if e.ts <= cutoff], [e for e in ents if e.ts <= cutoff]
+
+    def from_kafka(cutoff):
+        topics = Topics(cfg.kafka.topic_prefix)
+        conf = {"bootstrap.servers": cfg.kafka.bootstrap, **cfg.kafka.client}
+        evs = list(read_topic(conf, topics.engagements, validator, cutoff))
+        ents = list(read_topic(conf, topics.entities, validator, cutoff, entities=True))
+        return evs, ents
+
+    return from_files if input_path else from_kafka
+
+
+def _text_encode(enabled: bool):
+    """texts -> MiniLM vectors, loading the model only when there are texts."""
+    if not enabled:
+        return None
+    held = []
+
+    def encode(texts):
+        from encoder.knowledge import KnowledgeModelMissing, TextEncoder
+        if not held:
+            try:
+                held.append(TextEncoder())
+            except KnowledgeModelMissing as exc:
+                raise click.ClickException(str(exc)) from None
+        return held[0].encode(texts)
+    return encode
+
+
+@cli.command()
+@click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Train from a file that `hirflow replay` reads instead of the Kafka topics.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "taobao"]))
+@click.option("--entities", "entities_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Entity file (texts for world knowledge), e.g. entities.jsonl of `hirflow synth`.")
+@click.option("--cutoff", help="Use events up to this time (ms or YYYY-MM-DD; default: now).")
+@click.option("--train-share", type=float, default=0.7, show_default=True,
+              help="Share of the data's time span used for training (the rest: validation, test).")
+@click.option("--window", help="Only the data of this long before the cutoff, e.g. 14d (default: all).")
+@click.option("--every", help="Train periodically, e.g. 1h: each round takes the data up to now "
+                              "and continues the previous checkpoint (its parent).")
+@click.option("--rounds", type=int, help="With --every: stop after this many rounds.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("var/checkpoints"), show_default=True)
+@click.option("--init", "init_path", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Start from this checkpoint's weights; it becomes the parent.")
+@click.option("--resume", is_flag=True, help="Continue the interrupted run of the same data in --out.")
+@click.option("--levels", help="Prototypes per level, coarse to fine, e.g. 4,16,64 "
+                               "(default 16,128,1024).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--steps-per-chunk", type=int, default=8, show_default=True)
+@click.option("--sample-workers", type=int, default=1, show_default=True,
+              help="Threads sampling views ahead of the model (0: inline).")
+@click.option("--knowledge/--no-knowledge", default=True, show_default=True,
+              help="Use entity texts (MiniLM world knowledge), as the worker does.")
+@click.option("--announce/--no-announce", default=True, show_default=True,
+              help="Announce each checkpoint on hirflow.checkpoints when it is complete.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.pass_obj
+def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window, every, rounds,
+          out, init_path, resume, levels, seed, steps_per_chunk, sample_workers, knowledge,
+          announce, progress):
+    """Train a checkpoint on the training window of the data (strict time cutoff), once or
+    periodically (--every)."""
+    from encoder.checkpoint import CheckpointError, load as load_ckpt
+    from streams.topics import Topics
+    from trainer.publish import announce as do_announce
+    from trainer.resume import ResumeError
+    from trainer.runs import RunOptions, levels_from, parse_duration, run_every, run_once
+    from trainer.train import NonFiniteLoss, TrainConfig
+    cfg = obj.config()
+    try:
+        opts = RunOptions(train_share=train_share, window_s=parse_duration(window) if window else None,
+                          levels=levels_from(levels), knowledge=knowledge, resume=resume,
+                          train=TrainConfig(seed=seed, max_steps_per_chunk=steps_per_chunk,
+                                            sample_workers=sample_workers,
+                                            log_path=str(out / "train-log.jsonl")))
+        period = parse_duration(every) if every else None
+        parent = load_ckpt(init_path) if init_path else None
+    except (ValueError, CheckpointError) as exc:
+        raise click.UsageError(str(exc)) from None
     conf = {"bootstrap.servers": cfg.kafka.bootstrap, **cfg.kafka.client}
-    if input_path:
-        evs = [e for e in read_events(input_path, fmt or detect_format(input_path), validator)
-               if isinstance(e, Engagement) and e.ts <= cut]
-    else:
-        evs = list(read_topic(conf, topics.engagements, validator, cut))
-    if not evs:
-        raise click.ClickException("no engagement events up to the cutoff")
-    windows = chronological_windows([e.ts for e in evs], train=train_share, val=min(0.1, (1 - train_share) / 2))
-    train_evs = [e for e in evs if e.ts < windows.train_end]
-    log.info("training on %d of %d events (window %d..%d)", len(train_evs), len(evs),
-             windows.start, windows.train_end)
-    out.mkdir(parents=True, exist_ok=True)
-    tcfg = TrainConfig(seed=seed, max_steps_per_chunk=steps_per_chunk,
-                       log_path=str(out / "train-log.jsonl"))
-    path = run_train(train_evs, cfg.schema, EncoderConfig.for_schema(cfg.schema), tcfg, out,
-                     parent=parent)
-    result = {"checkpoint": str(path), "windows": windows.__dict__}
-    if announce:
-        result["announced"] = do_announce(conf, topics.checkpoints, path)["id"]
-    click.echo(json.dumps(result))
+    topic = Topics(cfg.kafka.topic_prefix).checkpoints
+    pub = (lambda path: do_announce(conf, topic, path)) if announce else None
+    load = _data_loader(cfg, input_path, fmt, entities_path)
+    encode = _text_encode(knowledge)
+
+    def report(res):
+        out_ = {"checkpoint": str(res.checkpoint), "id": res.id, "parent": res.parent,
+                "events": res.events, "windows": res.windows.__dict__}
+        if res.announced:
+            out_["announced"] = res.announced["id"]
+        click.echo(json.dumps(out_))
+
+    try:
+        if period is None:
+            cut = _parse_start(cutoff) if cutoff else int(time.time() * 1000)
+            report(run_once(load, cut, cfg.schema, opts, out, parent, encode, pub, progress))
+        else:
+            for res in run_every(period, load, cfg.schema, opts, out, parent, encode, pub,
+                                 rounds=rounds, progress=progress):
+                report(res)
+    except (ValueError, NonFiniteLoss, ResumeError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @cli.command()
@@ -279,27 +350,35 @@ def train(obj: Ctx, input_path, fmt, cutoff, train_share, out, parent, seed, ste
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Events (any format `hirflow replay` reads); windows are taken from them.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "taobao"]))
+@click.option("--entities", "entities_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Entity file (texts): world knowledge, and the cold-start evaluation.")
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="labels.jsonl from `hirflow synth` (planted interests) for NMI / ARI.")
 @click.option("--train-share", type=float, default=0.7, show_default=True)
+@click.option("--knowledge/--no-knowledge", default=True, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("var/eval"),
               show_default=True)
 @click.pass_obj
-def evaluate(obj: Ctx, checkpoint, input_path, fmt, labels, train_share, out):
+def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, train_share, knowledge, out):
     """Evaluate a checkpoint on the test window: metrics.json and PNG plots, with baselines."""
-    from state.events import Engagement, Validator
-    from streams.replay import detect_format, read_events
-    from trainer.data import chronological_windows
+    from trainer.data import chronological_windows, world_knowledge
     from trainer.evaluate import evaluate as run_eval
     cfg = obj.config()
-    evs = [e for e in read_events(input_path, fmt or detect_format(input_path), Validator(cfg.schema))
-           if isinstance(e, Engagement)]
+    evs, ents = _data_loader(cfg, input_path, fmt, entities_path)(2 ** 62)
+    if not evs:
+        raise click.ClickException(f"{input_path}: no engagement events")
     windows = chronological_windows([e.ts for e in evs], train=train_share,
                                     val=min(0.1, (1 - train_share) / 2))
+    encode = _text_encode(knowledge)
+    texts = later = None
+    if encode is not None and ents:
+        texts = world_knowledge(ents, windows.val_end - 1, encode)
+        later = world_knowledge(ents, windows.end, encode)
     lab = None
     if labels:
         lab = {r["node"]: r for r in map(json.loads, labels.read_text().splitlines()) if "fine" in r}
-    metrics = run_eval(checkpoint, evs, windows, cfg.schema, out, labels=lab)
+    metrics = run_eval(checkpoint, evs, windows, cfg.schema, out, labels=lab, texts=texts,
+                       later_texts=later)
     click.echo(json.dumps(metrics, indent=2))
 
 

@@ -134,3 +134,18 @@ def time_chunked_order(ts: np.ndarray, chunk_ms: int, rng: np.random.Generator) 
     chunk = (ts - ts.min()) // max(1, chunk_ms)
     order = np.lexsort((rng.random(len(ts)), chunk))
     return order
+
+
+def world_knowledge(entities: Iterable[Entity], cutoff_ms: int, encode) -> dict[str, np.ndarray]:
+    """node -> world-knowledge vector of its newest text up to the cutoff, as the knowledge
+    agent stores it for serving (so training sees what serving will). `encode` maps a list
+    of texts to (n, dim) vectors (`encoder.knowledge.TextEncoder.encode`)."""
+    newest: dict[str, Entity] = {}
+    for e in entities:
+        if e.ts <= cutoff_ms and e.text and (e.node not in newest or e.ts >= newest[e.node].ts):
+            newest[e.node] = e
+    nodes = sorted(newest)
+    if not nodes:
+        return {}
+    vecs = encode([newest[n].text for n in nodes])
+    return dict(zip(nodes, np.asarray(vecs, np.float32)))

@@ -3,6 +3,9 @@
 - next engagement: Recall@K and NDCG@K of the items (ads, products) each user engages in the
   test window, ranked from state as of the test window's start; the same for deep-funnel
   actions alone (funnel_weight > 1);
+- cold start: items first seen in the test window that have text, ranked among themselves
+  for the users who engage them (their embeddings come from type + world knowledge alone);
+  popularity knows nothing of them, so it ranks them in a seeded random order;
 - hierarchy: NMI / ARI of each level's assignments against planted labels (synthetic world)
   or any node -> label map (Taobao categories), and densification (how much denser the
   primitive graph is than the raw graph);
@@ -82,8 +85,12 @@ def baselines(train: Sequence[Engagement], users: list[str], items: list[str],
 
 def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: SchemaConfig,
              out_dir, labels: Mapping[str, Mapping[str, int]] | None = None,
-             texts: Mapping[str, np.ndarray] | None = None, ks: Sequence[int] = (10, 50)) -> dict:
-    """Evaluate checkpoint `path` on the test window of `events`; writes metrics.json + PNGs."""
+             texts: Mapping[str, np.ndarray] | None = None,
+             later_texts: Mapping[str, np.ndarray] | None = None, ks: Sequence[int] = (10, 50)) -> dict:
+    """Evaluate checkpoint `path` on the test window of `events`; writes metrics.json + PNGs.
+
+    `texts`: world knowledge known at the test window's start; `later_texts`: known by its
+    end, used only for the items first seen in it (cold start)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model, ck = load_model(path)
@@ -101,6 +108,10 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
         nodes = sorted({n for e in before for n in (e.src, e.dst)})
         sampler = ViewSampler(store.reader, schema, STUDENT, seed=0)
         emb = embed(model, sampler, nodes, windows.val_end - 1, enc_cfg, texts, model.device)
+        known = set(nodes)
+        cold = sorted({e.dst for e in test if e.dst not in known and e.dst.partition(":")[0] in ITEM_TYPES
+                       and e.dst in (later_texts or {})})
+        cold_emb = embed(model, sampler, cold, windows.val_end - 1, enc_cfg, later_texts, model.device)
         store.close()
     index = {n: i for i, n in enumerate(nodes)}
     items = [n for n in nodes if n.partition(":")[0] in ITEM_TYPES]
@@ -125,12 +136,59 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
                 res[f"{method}_recall@{k}"] = round(r, 4)
                 res[f"{method}_ndcg@{k}"] = round(n, 4)
         metrics[name] = res
+    metrics["cold_start"] = _cold_start(emb, index, cold, cold_emb, test, ks)
     if labels:
         metrics["hierarchy"] = _hierarchy(model, emb, nodes, labels)
+    metrics["densification"] = _densification(model, emb, index, before)
     metrics["bom_recall@100"] = _bom_recall(emb, ck)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     _plot(metrics, out / "recall.png", ks)
     return metrics
+
+
+def _cold_start(emb, index, cold: list[str], cold_emb: np.ndarray, test, ks) -> dict:
+    """Recall / NDCG of the cold items each known user engages in the test window, ranked
+    among all cold items; popularity has no data on them (seeded random order)."""
+    ci = {x: i for i, x in enumerate(cold)}
+    truth_map: dict[str, set[int]] = defaultdict(set)
+    for e in test:
+        if e.src in index and e.dst in ci:
+            truth_map[e.src].add(ci[e.dst])
+    users = sorted(truth_map)
+    res: dict = {"users": len(users), "items": len(cold)}
+    if not users:
+        return res
+    truth = [truth_map[u] for u in users]
+    rng = np.random.default_rng(0)
+    scores = {"hirflow": emb[[index[u] for u in users]] @ cold_emb.T,
+              "popularity": rng.random((len(users), len(cold)))}
+    for method, sc in scores.items():
+        for k in ks:
+            r, n = _rank_metrics(sc, truth, min(k, len(cold)))
+            res[f"{method}_recall@{k}"] = round(r, 4)
+            res[f"{method}_ndcg@{k}"] = round(n, 4)
+    return res
+
+
+@torch.no_grad()
+def _densification(model: HierarchicalEncoder, emb: np.ndarray, index: Mapping[str, int],
+                   edges: Sequence[Engagement]) -> dict:
+    """Per level: density of the primitive graph (primitives joined when any of their nodes
+    share an edge) over the density of the raw node graph."""
+    pairs = {(min(index[e.src], index[e.dst]), max(index[e.src], index[e.dst]))
+             for e in edges if e.src != e.dst}
+    n = len(index)
+    raw = len(pairs) / max(1, n * (n - 1) / 2)
+    assign = model.assign(torch.from_numpy(emb)).numpy()
+    out = {"raw_density": round(raw, 6)}
+    for lvl in range(assign.shape[1]):
+        a = assign[:, lvl]
+        prim = {(min(a[i], a[j]), max(a[i], a[j])) for i, j in pairs if a[i] != a[j]}
+        k = len(np.unique(a))
+        dens = len(prim) / max(1, k * (k - 1) / 2)
+        out[f"level{lvl}"] = {"primitives": int(k), "density": round(dens, 4),
+                              "densification": round(dens / raw, 1) if raw else None}
+    return out
 
 
 @torch.no_grad()
@@ -179,8 +237,8 @@ def _plot(metrics: dict, path: Path, ks) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, name in zip(axes, ("next_engagement", "deep_funnel")):
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    for ax, name in zip(axes, ("next_engagement", "deep_funnel", "cold_start")):
         res = metrics.get(name, {})
         methods = sorted({k.split("_recall@")[0] for k in res if "_recall@" in k})
         x = np.arange(len(methods))

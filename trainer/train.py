@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import logging
-import math
 import random
+import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -32,11 +34,11 @@ from encoder.batching import pack
 from encoder.model import EncoderConfig, HierarchicalEncoder
 from encoder.quantize import BoMQuantizer, QuantizerConfig
 from state.events import Engagement
-from state.graph import GraphConfig, GraphStore
 from state.schema import SchemaConfig
 from state.views import STUDENT, TEACHER, ViewConfig, ViewSampler
-from state.writer import BOTH_SIDES, GraphWriter
 from trainer import losses as L
+from trainer import resume as resume_mod
+from trainer.pipeline import BatchPipeline, ChunkDone, Prepared, chunk_plan
 from trainer.schedules import cosine, teacher_momentum
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,9 @@ class TrainConfig:
     student_view: ViewConfig = STUDENT
     quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
     log_path: str | None = None      # JSON lines, one per step
+    sample_workers: int = 1          # threads sampling + packing ahead of the model (0: inline)
+    prefetch: int = 4                # batches they may run ahead
+    snapshot_chunks: int = 1         # resume snapshot every this many chunks (0: never)
 
     def __post_init__(self) -> None:
         if self.batch_edges < 1 or self.max_steps_per_chunk < 1 or self.chunk_hours <= 0:
@@ -90,19 +95,26 @@ def _seed_everything(seed: int) -> None:
 def train(events: Sequence[Engagement], schema: SchemaConfig, enc_cfg: EncoderConfig,
           cfg: TrainConfig, out_dir: str | Path, parent: str | None = None,
           texts: dict[str, np.ndarray] | None = None, device: str | None = None,
-          progress: bool = True) -> Path:
-    """Train on `events` (the training window) and write a checkpoint under `out_dir`."""
+          progress: bool = True, init: ckpt.Checkpoint | None = None, resume: bool = False,
+          stats: dict | None = None) -> Path:
+    """Train on `events` (the training window) and write a checkpoint under `out_dir`.
+
+    `texts`: node -> world-knowledge vector; `init`: start from this checkpoint's weights;
+    `resume`: continue the interrupted run of the same data and configs from its snapshot
+    in `out_dir/_resume`; `stats` receives wall, model, sampling and wait seconds."""
     # gradient scatter-adds (bias-table lookups, embeddings) must sum in a fixed order for
     # byte-identical checkpoints; the previous setting is restored afterwards
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        return _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progress)
+        return _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progress,
+                      init, resume, stats)
     finally:
         torch.use_deterministic_algorithms(was)
 
 
-def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progress) -> Path:
+def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progress, init,
+           resume, stats) -> Path:
     _seed_everything(cfg.seed)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     events = sorted(events, key=lambda e: (e.ts, e.src, e.dst, e.action))
@@ -112,98 +124,127 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     a_index = {a: i for i, a in enumerate(actions)}
     funnel = torch.tensor([schema.all_actions[a].funnel_weight for a in actions])
     student = HierarchicalEncoder(enc_cfg).to(dev).train()
+    head = EngagementHead(len(actions), enc_cfg.d_emb).to(dev)
+    if init is not None:
+        _warm_start(student, head, init, enc_cfg)
     teacher = copy.deepcopy(student).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    head = EngagementHead(len(actions), enc_cfg.d_emb).to(dev)
     opt = torch.optim.AdamW(list(student.parameters()) + list(head.parameters()), lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
-    chunk_ms = int(cfg.chunk_hours * 3_600_000)
-    t0 = events[0].ts
-    chunk_ids = [(e.ts - t0) // chunk_ms for e in events]
-    bounds = np.flatnonzero(np.diff(chunk_ids)) + 1
-    chunks = np.split(np.arange(len(events)), bounds)
-    steps = sum(min(cfg.max_steps_per_chunk, math.ceil(len(c) / cfg.batch_edges)) for c in chunks[1:])
+    plan = chunk_plan(events, int(cfg.chunk_hours * 3_600_000), cfg.batch_edges,
+                      cfg.max_steps_per_chunk, cfg.seed)
+    steps = sum(len(p) - 1 for p in plan)
     lr = cosine(cfg.lr, cfg.lr * 0.05, max(1, steps), warmup_steps=min(cfg.warmup_steps, max(1, steps) - 1))
     mom = teacher_momentum(max(1, steps), cfg.momentum)
-    rng = np.random.default_rng(cfg.seed)
-    logf = open(cfg.log_path, "w") if cfg.log_path else None
-    metrics: dict[str, float] = {}
-    step = 0
+    snap_dir = Path(out_dir) / "_resume"
+    fp = resume_mod.fingerprint([(e.ts, e.src, e.dst, e.action, e.w) for e in events], _manifest_train(cfg),
+                                enc_cfg.to_dict(), parent, init.id if init is not None else None,
+                                _texts_digest(texts))
+    modules = {"student": student, "teacher": teacher, "head": head}
+    start_chunk, step, metrics = 0, 0, {}
+    if resume:
+        got = resume_mod.load(snap_dir, fp, modules, opt)
+        if got is not None:
+            start_chunk, step, metrics = got
+            log.info("resuming at chunk %d, step %d of %d", start_chunk, step, steps)
+    logf = open(cfg.log_path, "a" if start_chunk else "w") if cfg.log_path else None
+    timing = {"wait_s": 0.0, "model_s": 0.0, "anchors": 0, "steps": 0}
+    wall = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hirflow-train-") as tmp:
-        store = GraphStore(Path(tmp) / "state", schema, 1)
-        writer = GraphWriter(store, GraphConfig(path=str(Path(tmp) / "state")))
-        tsampler = ViewSampler(store.reader, schema, cfg.teacher_view, seed=cfg.seed)
-        ssampler = ViewSampler(store.reader, schema, cfg.student_view, seed=cfg.seed + 1)
-        by_type: dict[str, list[str]] = {}        # node type -> nodes seen so far (negatives)
-        seen: set[str] = set()
-        bar = tqdm(total=steps, unit="step", disable=not progress, desc="train")
+        pipe = BatchPipeline(events, plan, Path(tmp) / "state", schema, cfg.teacher_view,
+                             cfg.student_view, enc_cfg.pack, a_index, cfg.negatives, cfg.seed,
+                             texts=texts, workers=cfg.sample_workers, prefetch=cfg.prefetch,
+                             start_chunk=start_chunk)
+        bar = tqdm(total=steps, initial=step, unit="step", disable=not progress, desc="train")
+        items = iter(pipe)
         try:
-            for k, idx in enumerate(chunks):
-                cutoff = events[idx[0]].ts - 1
-                if k > 0 and by_type:                       # chunk 0 only builds state
-                    order = idx[np.argsort(rng.random(len(idx)), kind="stable")]
-                    for b in range(min(cfg.max_steps_per_chunk, math.ceil(len(order) / cfg.batch_edges))):
-                        batch = [events[i] for i in order[b * cfg.batch_edges:(b + 1) * cfg.batch_edges]]
-                        m = _step(batch, cutoff, student, teacher, head, opt, tsampler, ssampler,
-                                  by_type, a_index, funnel, rng, cfg, enc_cfg, texts, dev,
-                                  lr[step], mom[step])
-                        m.update(step=step, chunk=int(k), cutoff=int(cutoff))
-                        if logf:
-                            logf.write(json.dumps(m, sort_keys=True) + "\n")
-                        metrics = m
-                        step += 1
-                        bar.update(1)
-                writer.apply_batch([(events[i], BOTH_SIDES) for i in idx])
-                writer.commit()
-                touched = sorted({n for i in idx for n in (events[i].src, events[i].dst)})
-                tsampler.invalidate(touched)
-                ssampler.invalidate(touched)
-                for n in touched:
-                    if n not in seen:
-                        seen.add(n)
-                        by_type.setdefault(n.partition(":")[0], []).append(n)
+            while True:
+                t = time.perf_counter()
+                item = next(items, None)                 # blocks only when sampling is behind
+                if item is None:
+                    break
+                if isinstance(item, ChunkDone):
+                    if cfg.snapshot_chunks and (item.chunk + 1) % cfg.snapshot_chunks == 0 \
+                            and item.chunk + 1 < len(plan):
+                        resume_mod.save(snap_dir, fp, item.chunk + 1, step, modules, opt, metrics)
+                    continue
+                timing["wait_s"] += time.perf_counter() - t
+                t = time.perf_counter()
+                m = _step(item, student, teacher, head, opt, funnel, cfg, dev, lr[step], mom[step])
+                timing["model_s"] += time.perf_counter() - t
+                timing["anchors"] += item.anchors
+                timing["steps"] += 1
+                m.update(step=step, chunk=item.chunk, cutoff=item.cutoff)
+                if logf:
+                    logf.write(json.dumps(m, sort_keys=True) + "\n")
+                metrics = m
+                step += 1
+                bar.update(1)
             bar.close()
-            emb_nodes = sorted(seen)
-            final_cutoff = events[-1].ts
-            embs = embed(student, ssampler, emb_nodes, final_cutoff, enc_cfg, texts, dev)
+            emb_nodes = sorted(pipe.seen)
+            embs = embed(student, pipe.final_sampler(cfg.student_view), emb_nodes, events[-1].ts,
+                         enc_cfg, texts, dev)
         finally:
+            if hasattr(items, "close"):
+                items.close()                            # stops the sampling workers
             if logf:
                 logf.close()
-            store.close()
+            timing["sample_s"] = pipe.sample_s
+            pipe.close()
+    timing["wall_s"] = time.perf_counter() - wall
+    if stats is not None:
+        stats.update(timing)
     quant = BoMQuantizer(enc_cfg.d_emb, cfg.quantizer).train(embs)
+    metrics = dict(metrics)
     metrics["reconstruction_error"] = quant.reconstruction_error(embs)
     weights = {f"encoder.{k}": v for k, v in student.state_dict().items()}
     weights.update({f"head.{k}": v for k, v in head.state_dict().items()})
-    manifest = {"parent": parent, "config": enc_cfg.to_dict(),
-                # where the log went is not part of what was trained
-                "train": _jsonable({k: v for k, v in dataclasses.asdict(cfg).items() if k != "log_path"}),
+    manifest = {"parent": parent, "config": enc_cfg.to_dict(), "train": _manifest_train(cfg),
+                "init": init.id if init is not None else None,
                 "data_window": [int(events[0].ts), int(events[-1].ts)], "events": len(events),
                 "seed": cfg.seed, "steps": step, "quantizer": dataclasses.asdict(cfg.quantizer),
                 "metrics": {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
-    return ckpt.save(out_dir, weights, manifest, quant.codebooks_array())
+    path = ckpt.save(out_dir, weights, manifest, quant.codebooks_array())
+    shutil.rmtree(snap_dir, ignore_errors=True)          # the run is complete
+    return path
+
+
+def _manifest_train(cfg: TrainConfig) -> dict:
+    """What was trained, without where the log went or how many threads sampled (neither
+    changes a single byte of the result)."""
+    return _jsonable({k: v for k, v in dataclasses.asdict(cfg).items()
+                      if k not in ("log_path", "sample_workers", "prefetch", "snapshot_chunks")})
+
+
+def _texts_digest(texts) -> str | None:
+    if not texts:
+        return None
+    h = hashlib.sha256()
+    for k in sorted(texts):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(texts[k], np.float32).tobytes())
+    return h.hexdigest()
+
+
+def _warm_start(student: HierarchicalEncoder, head: "EngagementHead", init: ckpt.Checkpoint,
+                enc_cfg: EncoderConfig) -> None:
+    """Start from a checkpoint's weights (periodic training continues its parent)."""
+    if EncoderConfig.from_dict(init.manifest["config"]) != enc_cfg:
+        raise ValueError(f"checkpoint {init.id} has another encoder config; train it with the "
+                         "same config (or without --init)")
+    student.load_state_dict({k[8:]: v for k, v in init.weights.items() if k.startswith("encoder.")})
+    hw = {k[5:]: v for k, v in init.weights.items() if k.startswith("head.")}
+    if hw:
+        head.load_state_dict(hw)
 
 
 def _jsonable(d):
     return json.loads(json.dumps(d, default=str))
 
 
-def _step(batch, cutoff, student, teacher, head, opt, tsampler, ssampler, by_type, a_index,
-          funnel, rng, cfg: TrainConfig, enc_cfg: EncoderConfig, texts, dev, lr, momentum) -> dict:
-    anchors = sorted({n for e in batch for n in (e.src, e.dst)})
-    pos = {n: i for i, n in enumerate(anchors)}
-    negs = []
-    for e in batch:                                  # negatives of the dst's node type
-        pool = by_type.get(e.dst.partition(":")[0]) or [e.dst]
-        negs.extend(pool[j] for j in rng.integers(0, len(pool), cfg.negatives))
-    extra = sorted(set(negs) - set(pos))
-    for n in extra:
-        pos[n] = len(anchors)
-        anchors.append(n)
-    s_views = ssampler.sample(anchors, cutoff)
-    t_views = tsampler.sample(anchors, cutoff)
-    s_batch = pack(s_views, enc_cfg.pack, knowledge=texts).to(dev)
-    t_batch = pack(t_views, enc_cfg.pack, knowledge=texts).to(dev)
+def _step(b: Prepared, student, teacher, head, opt, funnel, cfg: TrainConfig, dev, lr, momentum) -> dict:
+    s_batch, t_batch = b.student.to(dev), b.teacher.to(dev)
     for g in opt.param_groups:
         g["lr"] = float(lr)
     s_emb, s_logits = student(s_batch, student.backend(training=True))
@@ -213,14 +254,9 @@ def _step(batch, cutoff, student, teacher, head, opt, tsampler, ssampler, by_typ
         t_scores = [t_emb @ p.T for p in teacher.level_prototypes()]       # cosines
     distill = L.distillation_loss(s_logits, t_scores, cfg.sinkhorn_epsilon, cfg.sinkhorn_iters)
     hier = L.hierarchy_consistency_loss(s_logits, [student.parents(i) for i in range(len(s_logits))])
-    src = torch.tensor([pos[e.src] for e in batch for _ in range(1 + cfg.negatives)], device=dev)
-    dst = torch.tensor([x for i, e in enumerate(batch)
-                        for x in [pos[e.dst]] + [pos[n] for n in negs[i * cfg.negatives:(i + 1) * cfg.negatives]]],
-                       device=dev)
-    act = torch.tensor([a_index[e.action] for e in batch for _ in range(1 + cfg.negatives)], device=dev)
-    labels = torch.tensor([1.0 if j == 0 else 0.0 for _ in batch for j in range(1 + cfg.negatives)], device=dev)
+    src, dst, act = b.src.to(dev), b.dst.to(dev), b.action.to(dev)
     logits = L.engagement_logits(s_emb[src], s_emb[dst], head.relation(act))
-    engage = L.engagement_loss(logits, labels, funnel.to(dev)[act])
+    engage = L.engagement_loss(logits, b.label.to(dev), funnel.to(dev)[act])
     loss = cfg.w_distill * distill + cfg.w_engage * engage + cfg.w_hierarchy * hier
     if not torch.isfinite(loss):
         raise NonFiniteLoss(f"loss became {loss.item()} (distill {distill.item()}, engage "
@@ -231,8 +267,9 @@ def _step(batch, cutoff, student, teacher, head, opt, tsampler, ssampler, by_typ
     with torch.no_grad():                            # teacher = EMA of the student
         for pt, ps in zip(teacher.parameters(), student.parameters()):
             pt.mul_(momentum).add_(ps.detach(), alpha=1 - momentum)
-    return {"loss": float(loss), "distill": float(distill), "engage": float(engage),
-            "hierarchy": float(hier), "lr": float(lr), "momentum": float(momentum)}
+    return {"loss": float(loss.detach()), "distill": float(distill.detach()),
+            "engage": float(engage.detach()), "hierarchy": float(hier.detach()), "lr": float(lr),
+            "momentum": float(momentum)}
 
 
 @torch.no_grad()

@@ -24,14 +24,28 @@ def test_baselines_score_what_they_should():
     assert b["cooccurrence_knn"][0, 1] > b["cooccurrence_knn"][0, 2]   # ad:2 co-occurs with ad:1
 
 
+def interest_vectors(labels, dim=384, seed=0):
+    """Stand-in world knowledge: one direction per planted fine interest, plus noise."""
+    rng = np.random.default_rng(seed)
+    centre = rng.normal(size=(64, dim))
+    out = {}
+    for n, r in sorted(labels.items()):
+        v = centre[r["fine"]] + 0.3 * rng.normal(size=dim)
+        out[n] = (v / np.linalg.norm(v)).astype(np.float32)
+    return out
+
+
 def test_evaluation_end_to_end_writes_metrics_and_plots(tmp_path):
-    world = SynthWorld(SynthConfig(events=3000, users=80, advertisers=4, span_days=6, seed=5))
+    world = SynthWorld(SynthConfig(events=3000, users=80, advertisers=4, span_days=6, seed=5,
+                                   late_launch=0.5))
     evs = [e for e in world.stream() if isinstance(e, Engagement)]
     labels = {r["node"]: r for r in world.labels() if "fine" in r}
     w = chronological_windows([e.ts for e in evs])
+    texts = interest_vectors(labels)
     schema, enc, cfg = small(tmp_path)
-    path = train([e for e in evs if e.ts < w.train_end], schema, enc, cfg, tmp_path / "ck", progress=False)
-    m = evaluate(path, evs, w, schema, tmp_path / "eval", labels=labels)
+    path = train([e for e in evs if e.ts < w.train_end], schema, enc, cfg, tmp_path / "ck",
+                 texts=texts, progress=False)
+    m = evaluate(path, evs, w, schema, tmp_path / "eval", labels=labels, texts=texts, later_texts=texts)
     assert (tmp_path / "eval" / "recall.png").stat().st_size > 1000
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["checkpoint"] == m["checkpoint"]
     res = m["next_engagement"]
@@ -40,3 +54,12 @@ def test_evaluation_end_to_end_writes_metrics_and_plots(tmp_path):
         assert 0.0 <= res[f"{method}_recall@50"] <= 1.0
     assert set(m["hierarchy"]) == {"level0_vs_mid", "level1_vs_fine"}
     assert 0.0 <= m["bom_recall@100"] <= 1.0
+    cold = m["cold_start"]                      # ads launched in the test window, with text
+    launched = {r["node"] for r in world.labels() if r.get("launch_ts", 0) >= w.val_end}
+    assert cold["users"] > 0 and 0 < cold["items"] <= len(launched)
+    for method in ("hirflow", "popularity"):
+        assert 0.0 <= cold[f"{method}_recall@10"] <= cold[f"{method}_recall@50"] <= 1.0
+    dens = m["densification"]
+    assert 0 < dens["raw_density"] < 1
+    for lvl in ("level0", "level1"):
+        assert dens[lvl]["primitives"] >= 1 and dens[lvl]["density"] <= 1.0

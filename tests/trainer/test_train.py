@@ -38,14 +38,79 @@ def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
     assert [r["chunk"] for r in rows] == sorted(r["chunk"] for r in rows)
 
 
-def test_same_data_config_and_seed_give_a_byte_identical_checkpoint(tmp_path):
+def digest(path):
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.iterdir())}
+
+
+def test_same_data_config_and_seed_give_a_byte_identical_checkpoint_for_any_sampling_workers(tmp_path):
+    """Inline sampling, one and two workers sampling ahead: the same bytes (every batch's
+    randomness is seeded by its step, not by which thread sampled it)."""
     digests = []
-    for run in ("a", "b"):
-        schema, enc, cfg = small(tmp_path / run)
+    for run, workers in (("a", 1), ("b", 1), ("c", 0), ("d", 2)):
         (tmp_path / run).mkdir()
-        path = train(events(), schema, enc, cfg, tmp_path / run / "ckpt", progress=False)
-        digests.append({f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.iterdir())})
-    assert digests[0] == digests[1]
+        schema, enc, cfg = small(tmp_path / run, sample_workers=workers)
+        stats = {}
+        path = train(events(), schema, enc, cfg, tmp_path / run / "ckpt", progress=False, stats=stats)
+        assert stats["steps"] > 0 and stats["anchors"] > 0 and stats["wait_s"] >= 0
+        digests.append(digest(path))
+    assert digests[0] == digests[1] == digests[2] == digests[3]
+
+
+def test_an_interrupted_run_resumes_to_the_same_checkpoint(tmp_path, monkeypatch):
+    """Killed after a few chunks (here: an exception in the state write), the run continues
+    from its snapshot and writes exactly the bytes of an uninterrupted run."""
+    from state.writer import GraphWriter
+    schema, enc, cfg = small(tmp_path)
+    whole = digest(train(events(), schema, enc, cfg, tmp_path / "whole", progress=False))
+    real, calls = GraphWriter.apply_batch, []
+
+    def crash_on_third_chunk(self, batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return real(self, batch)
+
+    monkeypatch.setattr(GraphWriter, "apply_batch", crash_on_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        train(events(), schema, enc, cfg, tmp_path / "run", progress=False)
+    monkeypatch.setattr(GraphWriter, "apply_batch", real)
+    assert (tmp_path / "run" / "_resume" / "state.json").exists()
+    stats = {}
+    path = train(events(), schema, enc, cfg, tmp_path / "run", progress=False, resume=True, stats=stats)
+    assert digest(path) == whole
+    assert 0 < stats["steps"] < load(path).manifest["steps"]      # only the remaining steps ran
+    assert not (tmp_path / "run" / "_resume").exists()
+
+
+def test_resume_refuses_a_snapshot_of_other_data(tmp_path, monkeypatch):
+    from state.writer import GraphWriter
+    from trainer.resume import ResumeError
+    schema, enc, cfg = small(tmp_path)
+    real, calls = GraphWriter.apply_batch, []
+
+    def crash(self, batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, batch)
+
+    monkeypatch.setattr(GraphWriter, "apply_batch", crash)
+    with pytest.raises(KeyboardInterrupt):
+        train(events(), schema, enc, cfg, tmp_path / "run", progress=False)
+    monkeypatch.setattr(GraphWriter, "apply_batch", real)
+    with pytest.raises(ResumeError, match="other data"):
+        train(events()[:-10], schema, enc, cfg, tmp_path / "run", progress=False, resume=True)
+
+
+def test_warm_start_continues_from_the_parent_weights(tmp_path):
+    schema, enc, cfg = small(tmp_path)
+    first = load(train(events(), schema, enc, cfg, tmp_path / "a", progress=False))
+    again = load(train(events(), schema, enc, cfg, tmp_path / "b", progress=False, init=first,
+                       parent=first.id))
+    assert again.manifest["parent"] == again.manifest["init"] == first.id and again.id != first.id
+    other = EncoderConfig.for_schema(schema, levels=(4, 8), d_model=32, d_ff=64, d_emb=32)
+    with pytest.raises(ValueError, match="another encoder config"):
+        train(events(), schema, other, cfg, tmp_path / "c", progress=False, init=first)
 
 
 def test_non_finite_loss_stops_the_run(tmp_path):
@@ -75,3 +140,53 @@ def test_cli_trains_from_a_file_and_announces_the_checkpoint(cfg, tmp_path):
     assert load(out["checkpoint"]).id == out["announced"]
     m = drain(cfg, Topics(cfg.kafka.topic_prefix).checkpoints, 1)
     assert msgpack.unpackb(m[0].value())["id"] == out["announced"]
+
+
+def test_cli_trains_every_period_and_chains_the_checkpoints(cfg, tmp_path):
+    """`hirflow train --every`: each round continues the previous checkpoint and names it as
+    its parent; world knowledge comes from the entity file; both are announced."""
+    import msgpack
+    from click.testing import CliRunner
+
+    from streams.cli import cli
+    from streams.topics import Topics
+    from tests.streams.kafka_helpers import drain
+    r = CliRunner().invoke(cli, ["synth", "--out", str(tmp_path / "w"), "--events", "1200",
+                                 "--users", "50", "--span-days", "4"])
+    assert r.exit_code == 0, r.output
+    base = ["--bootstrap", cfg.kafka.bootstrap, "--topic-prefix", cfg.kafka.topic_prefix,
+            "--partitions", str(cfg.kafka.partitions), "--state", cfg.graph.path]
+    r = CliRunner().invoke(cli, base + ["train", "--input", str(tmp_path / "w" / "engagements.jsonl"),
+                                        "--entities", str(tmp_path / "w" / "entities.jsonl"),
+                                        "--every", "1s", "--rounds", "2", "--levels", "4,16",
+                                        "--out", str(tmp_path / "ck"), "--steps-per-chunk", "1",
+                                        "--no-progress"])
+    assert r.exit_code == 0, r.output
+    first, second = [json.loads(x) for x in r.stdout.strip().splitlines()[-2:]]
+    assert first["parent"] is None and second["parent"] == first["id"] != second["id"]
+    ck = load(second["checkpoint"])
+    assert ck.manifest["init"] == first["id"] and ck.manifest["config"]["levels"] == [4, 16]
+    got = [msgpack.unpackb(m.value())["id"] for m in drain(cfg, Topics(cfg.kafka.topic_prefix).checkpoints, 2)]
+    assert got == [first["id"], second["id"]]
+
+
+def test_run_every_keeps_the_last_good_checkpoint_after_a_failed_round(tmp_path):
+    from trainer.runs import RunOptions, parse_duration, run_every
+    schema, enc, cfg = small(tmp_path)
+    evs = events()
+    calls = []
+
+    def load_data(cutoff):
+        calls.append(cutoff)
+        return ([] if len(calls) == 2 else evs), []         # the second round finds no data
+
+    opts = RunOptions(levels=(4, 16), train=cfg, knowledge=False)
+    start = evs[-1].ts // 1000 + 1                          # the rounds run after the data
+    clock = iter(range(start, start + 10_000, 1000)).__next__
+    got = list(run_every(1, load_data, schema, opts, tmp_path / "ck", rounds=3, clock=clock,
+                         sleep=lambda s: None, progress=False))
+    assert len(calls) == 3 and len(got) == 2               # the empty round is skipped
+    assert got[1].parent == got[0].id
+    assert parse_duration("1h") == 3600 and parse_duration("90s") == 90
+    with pytest.raises(ValueError):
+        parse_duration("soon")

@@ -1,0 +1,231 @@
+"""Training batches sampled and packed ahead of the model, in worker threads.
+
+The pipeline owns the time-honest training state: events are applied to a fresh graph store
+chunk by chunk with the serving `state` code, and the batches of chunk k are sampled as of the
+chunk's start from chunks < k only. Workers run up to `prefetch` batches ahead of the model
+(the model only waits when they fall behind; the trainer measures that wait). Every batch draws
+its negatives and walks from its own generator, seeded by (seed, step), so the batches, and
+with them the checkpoint, are the same for any number of workers; a chunk's shuffle is seeded
+by (seed, chunk), so a resumed run skips chunks without replaying generators. A chunk's
+events are written only after all of its batches are sampled, and the next chunk is sampled
+only after that write.
+"""
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from encoder.batching import PackConfig, PackedBatch, pack
+from state.events import Engagement
+from state.graph import GraphConfig, GraphStore
+from state.schema import SchemaConfig
+from state.views import ViewConfig, ViewSampler
+from state.writer import BOTH_SIDES, GraphWriter
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One step's inputs: packed student and teacher views of its anchors, and the
+    (src, dst, action, label) rows of its positives and typed negatives."""
+    step: int
+    chunk: int
+    cutoff: int
+    student: PackedBatch
+    teacher: PackedBatch
+    src: torch.Tensor
+    dst: torch.Tensor
+    action: torch.Tensor
+    label: torch.Tensor
+    anchors: int
+    sample_s: float
+
+
+@dataclass(frozen=True)
+class ChunkDone:
+    """All steps of `chunk` have been handed out and its events are in the store."""
+    chunk: int
+
+
+def chunk_plan(events: Sequence[Engagement], chunk_ms: int, batch_edges: int, max_steps: int,
+               seed: int) -> list[list[np.ndarray]]:
+    """Per time chunk, the event indices of each of its steps (chunk 0 only builds state)."""
+    t0 = events[0].ts
+    ids = np.array([(e.ts - t0) // chunk_ms for e in events])
+    chunks = np.split(np.arange(len(events)), np.flatnonzero(np.diff(ids)) + 1)
+    plan = []
+    for k, idx in enumerate(chunks):
+        if k == 0:
+            plan.append([idx])              # no steps: the first chunk only builds state
+            continue
+        order = idx[np.argsort(np.random.default_rng([seed, k]).random(len(idx)), kind="stable")]
+        n = min(max_steps, math.ceil(len(order) / batch_edges))
+        plan.append([idx] + [order[b * batch_edges:(b + 1) * batch_edges] for b in range(n)])
+    return plan
+
+
+class BatchPipeline:
+    """Iterate `Prepared` steps and `ChunkDone` markers in order; see the module docstring.
+
+    `plan[k][0]` are chunk k's events, `plan[k][1:]` its steps' events. Chunks before
+    `start_chunk` are only applied (resume)."""
+
+    def __init__(self, events: Sequence[Engagement], plan: list[list[np.ndarray]], store_dir: Path,
+                 schema: SchemaConfig, teacher_view: ViewConfig, student_view: ViewConfig,
+                 pack_cfg: PackConfig, a_index: Mapping[str, int], negatives: int, seed: int,
+                 texts: Mapping[str, np.ndarray] | None = None, workers: int = 1, prefetch: int = 4,
+                 start_chunk: int = 0) -> None:
+        self.events, self.plan, self.schema = events, plan, schema
+        self.views = (teacher_view, student_view)
+        self.pack_cfg, self.a_index, self.negatives, self.seed = pack_cfg, a_index, negatives, seed
+        self.texts, self.workers, self.prefetch, self.start_chunk = texts, workers, max(1, prefetch), start_chunk
+        self.store = GraphStore(store_dir, schema, 1)
+        self.writer = GraphWriter(self.store, GraphConfig(path=str(store_dir)))
+        self.by_type: dict[str, list[str]] = {}       # node type -> nodes seen so far (negatives)
+        self.seen: set[str] = set()
+        self._samplers: list[tuple[ViewSampler, ViewSampler]] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.sample_s = 0.0        # sampling + packing time, summed over workers
+
+    def _pair(self) -> tuple[ViewSampler, ViewSampler]:
+        pair = getattr(self._local, "pair", None)
+        if pair is None:
+            pair = tuple(ViewSampler(self.store.reader, self.schema, v, seed=self.seed + i)
+                         for i, v in enumerate(self.views))
+            self._local.pair = pair
+            with self._lock:
+                self._samplers.append(pair)
+        return pair
+
+    def final_sampler(self, view: ViewConfig) -> ViewSampler:
+        return ViewSampler(self.store.reader, self.schema, view, seed=self.seed + 1)
+
+    def steps_before(self, chunk: int) -> int:
+        return sum(len(p) - 1 for p in self.plan[:chunk])
+
+    # -- one batch ------------------------------------------------------------------------
+    def _prepare(self, step: int, chunk: int, cutoff: int, idx: np.ndarray) -> Prepared:
+        t = time.perf_counter()
+        rng = np.random.default_rng([self.seed, step])
+        batch = [self.events[i] for i in idx]
+        anchors = sorted({n for e in batch for n in (e.src, e.dst)})
+        pos = {n: i for i, n in enumerate(anchors)}
+        negs = []
+        for e in batch:                                  # negatives of the dst's node type
+            pool = self.by_type.get(e.dst.partition(":")[0]) or [e.dst]
+            negs.extend(pool[j] for j in rng.integers(0, len(pool), self.negatives))
+        for n in sorted(set(negs) - set(pos)):
+            pos[n] = len(anchors)
+            anchors.append(n)
+        teacher, student = self._pair()
+        s = pack(student.sample(anchors, cutoff, rng=rng), self.pack_cfg, knowledge=self.texts)
+        te = pack(teacher.sample(anchors, cutoff, rng=rng), self.pack_cfg, knowledge=self.texts)
+        r = 1 + self.negatives
+        src = torch.tensor([pos[e.src] for e in batch for _ in range(r)])
+        dst = torch.tensor([x for i, e in enumerate(batch) for x in
+                            [pos[e.dst]] + [pos[n] for n in negs[i * self.negatives:(i + 1) * self.negatives]]])
+        act = torch.tensor([self.a_index[e.action] for e in batch for _ in range(r)])
+        label = torch.tensor([1.0 if j == 0 else 0.0 for _ in batch for j in range(r)])
+        dt = time.perf_counter() - t
+        with self._lock:
+            self.sample_s += dt
+        return Prepared(step, chunk, cutoff, s, te, src, dst, act, label, len(anchors), dt)
+
+    def _apply(self, k: int) -> None:
+        idx = self.plan[k][0]
+        self.writer.apply_batch([(self.events[i], BOTH_SIDES) for i in idx])
+        self.writer.commit()
+        touched = sorted({n for i in idx for n in (self.events[i].src, self.events[i].dst)})
+        for pair in self._samplers:
+            for s in pair:
+                s.invalidate(touched)
+        for n in touched:
+            if n not in self.seen:
+                self.seen.add(n)
+                self.by_type.setdefault(n.partition(":")[0], []).append(n)
+
+    def _jobs(self) -> Iterator[tuple[int, int, int, np.ndarray] | ChunkDone]:
+        """(step, chunk, cutoff, indices) per step in order, a ChunkDone after each chunk's
+        steps; applying chunk k happens between its last job and its ChunkDone."""
+        step = self.steps_before(self.start_chunk)
+        for k in range(self.start_chunk, len(self.plan)):
+            if k > 0 and self.by_type:
+                cutoff = self.events[self.plan[k][0][0]].ts - 1
+                for idx in self.plan[k][1:]:
+                    yield step, k, cutoff, idx
+                    step += 1
+            yield ChunkDone(k)
+
+    # -- iteration ------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Prepared | ChunkDone]:
+        for k in range(self.start_chunk):            # resume: rebuild the state, no steps
+            self._apply(k)
+        if self.workers <= 0:                         # inline: the peer the bench compares with
+            for job in self._jobs():
+                if isinstance(job, ChunkDone):
+                    self._apply(job.chunk)
+                    yield job
+                else:
+                    yield self._prepare(*job)
+            return
+        yield from self._threaded()
+
+    def _threaded(self) -> Iterator[Prepared | ChunkDone]:
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce(pool: ThreadPoolExecutor) -> None:
+            try:
+                pending: list[Future] = []
+                for job in self._jobs():
+                    if isinstance(job, ChunkDone):
+                        for f in pending:                # the chunk is sampled: now write it
+                            f.exception()
+                        pending = []
+                        self._apply(job.chunk)
+                        if not put(job):
+                            return
+                    else:
+                        f = pool.submit(self._prepare, *job)
+                        pending.append(f)
+                        if not put(f):
+                            return
+                put(None)
+            except BaseException as exc:                  # surfaces in the model thread
+                put(exc)
+
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="hirflow-sample") as pool:
+            producer = threading.Thread(target=produce, args=(pool,), name="hirflow-batches", daemon=True)
+            producer.start()
+            try:
+                while True:
+                    item = q.get()
+                    if item is None:
+                        return
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item.result() if isinstance(item, Future) else item
+            finally:
+                stop.set()
+                producer.join()
+
+    def close(self) -> None:
+        self.store.close()
