@@ -50,16 +50,16 @@ def run(events, schema, enc, cfg, device, out) -> tuple[dict, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small world, a few steps (under a minute)")
-    ap.add_argument("--events", type=int, help="synthetic engagement events (default 20000, quick 3000)")
+    ap.add_argument("--events", type=int, help="synthetic engagement events (default 20000, quick 1500)")
     ap.add_argument("--steps-per-chunk", type=int, help="steps per 24 h chunk (default 4, quick 2)")
     ap.add_argument("--workers", type=int, default=1, help="sampling threads of the pipelined run")
     ap.add_argument("--device", choices=["cpu", "cuda"])
     a = ap.parse_args()
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    n = a.events or (3000 if a.quick else 20000)
+    n = a.events or (1500 if a.quick else 20000)
     spc = a.steps_per_chunk or (2 if a.quick else 4)
     world = SynthWorld(SynthConfig(events=n, users=max(60, n // 50), seed=7,
-                                   span_days=6 if a.quick else 14))
+                                   span_days=4 if a.quick else 14))
     events = [e for e in world.stream() if isinstance(e, Engagement)]
     schema = SchemaConfig()
     enc = EncoderConfig.for_schema(schema)

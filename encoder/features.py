@@ -38,6 +38,10 @@ class NodeFeatures(nn.Module):
         self.knowledge = nn.Linear(cfg.pack.knowledge_dim, d)
         self.image = nn.Linear(cfg.pack.image_dim, d)
         self.rwse = nn.Linear(cfg.pack.rwse_steps, d)
+        # each id-level group normalised on its own: at init the projection of a unit MiniLM
+        # vector is ~30x smaller than a type embedding, and the text signal would start
+        # buried under type and hash-id noise
+        self.dhe_norm, self.knowledge_norm, self.image_norm = (nn.LayerNorm(d) for _ in range(3))
         self.norm = nn.LayerNorm(d)
 
     def forward(self, b: PackedBatch) -> torch.Tensor:
@@ -46,7 +50,7 @@ class NodeFeatures(nn.Module):
         x = self.type_emb(b.type_ids) + self.hop_emb(b.hop) + self.stats(b.stats)
         x = x + self.rwse(b.rwse)
         node = b.token_node
-        x = x + self.dhe(b.hash_x)[node] * b.frequent[:, None]            # frequent ids only
-        known = (self.knowledge(b.knowledge) * b.has_knowledge[:, None]
-                 + self.image(b.image) * b.has_image[:, None])
+        x = x + self.dhe_norm(self.dhe(b.hash_x))[node] * b.frequent[:, None]   # frequent ids only
+        known = (self.knowledge_norm(self.knowledge(b.knowledge)) * b.has_knowledge[:, None]
+                 + self.image_norm(self.image(b.image)) * b.has_image[:, None])
         return self.norm(x + known[node])

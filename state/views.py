@@ -80,6 +80,17 @@ class View:
         return len(self.nodes)
 
 
+def cold_view(view: View) -> View:
+    """The view its anchor would have if it were new: the anchor alone, no edges, no
+    behavioural stats (so no hash-id embedding either). Training swaps some student views for
+    these so the model learns to place cold nodes from type + world knowledge alone."""
+    return View(anchor=view.anchor, cutoff=view.cutoff, nodes=view.nodes[:1],
+                types=view.types[:1].copy(), hop=np.zeros(1, np.int8),
+                stats=np.zeros((1, N_STATS), np.float32), edge_src=np.zeros(0, np.int32),
+                edge_dst=np.zeros(0, np.int32), edge_action=np.zeros(0, np.int16),
+                edge_weight=np.zeros(0, np.float32), edge_age=np.zeros(0, np.float32))
+
+
 class ViewSampler:
     """Samples views from a `GraphReader` (or any object with `states(ids)`)."""
 

@@ -275,7 +275,7 @@ def _text_encode(enabled: bool):
               help="Entity file (texts for world knowledge), e.g. entities.jsonl of `hirflow synth`.")
 @click.option("--cutoff", help="Use events up to this time (ms or YYYY-MM-DD; default: now).")
 @click.option("--train-share", type=float, default=0.7, show_default=True,
-              help="Share of the data's time span used for training (the rest: validation, test).")
+              help="Share of the events, in time order, used for training (the rest: validation, test).")
 @click.option("--window", help="Only the data of this long before the cutoff, e.g. 14d (default: all).")
 @click.option("--every", help="Train periodically, e.g. 1h: each round takes the data up to now "
                               "and continues the previous checkpoint (its parent).")
@@ -288,7 +288,10 @@ def _text_encode(enabled: bool):
 @click.option("--levels", help="Prototypes per level, coarse to fine, e.g. 4,16,64 "
                                "(default 16,128,1024).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--steps-per-chunk", type=int, default=8, show_default=True)
+@click.option("--steps-per-chunk", type=int, default=8, show_default=True,
+              help="Most steps per pass over a 24 h chunk.")
+@click.option("--passes", type=int, default=1, show_default=True,
+              help="Shuffled passes over each chunk's events.")
 @click.option("--sample-workers", type=int, default=1, show_default=True,
               help="Threads sampling views ahead of the model (0: inline).")
 @click.option("--knowledge/--no-knowledge", default=True, show_default=True,
@@ -298,7 +301,7 @@ def _text_encode(enabled: bool):
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.pass_obj
 def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window, every, rounds,
-          out, init_path, resume, levels, seed, steps_per_chunk, sample_workers, knowledge,
+          out, init_path, resume, levels, seed, steps_per_chunk, passes, sample_workers, knowledge,
           announce, progress):
     """Train a checkpoint on the training window of the data (strict time cutoff), once or
     periodically (--every)."""
@@ -313,7 +316,7 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
         opts = RunOptions(train_share=train_share, window_s=parse_duration(window) if window else None,
                           levels=levels_from(levels), knowledge=knowledge, resume=resume,
                           train=TrainConfig(seed=seed, max_steps_per_chunk=steps_per_chunk,
-                                            sample_workers=sample_workers,
+                                            passes=passes, sample_workers=sample_workers,
                                             log_path=str(out / "train-log.jsonl")))
         period = parse_duration(every) if every else None
         parent = load_ckpt(init_path) if init_path else None
@@ -354,15 +357,18 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
               help="Entity file (texts): world knowledge, and the cold-start evaluation.")
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="labels.jsonl from `hirflow synth` (planted interests) for NMI / ARI.")
+@click.option("--category-labels", is_flag=True,
+              help="Use `belongs_to` categories (Taobao) as the labels for NMI / ARI.")
 @click.option("--train-share", type=float, default=0.7, show_default=True)
 @click.option("--knowledge/--no-knowledge", default=True, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("var/eval"),
               show_default=True)
 @click.pass_obj
-def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, train_share, knowledge, out):
+def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, category_labels,
+             train_share, knowledge, out):
     """Evaluate a checkpoint on the test window: metrics.json and PNG plots, with baselines."""
     from trainer.data import chronological_windows, world_knowledge
-    from trainer.evaluate import evaluate as run_eval
+    from trainer.evaluate import category_labels as categories, evaluate as run_eval
     cfg = obj.config()
     evs, ents = _data_loader(cfg, input_path, fmt, entities_path)(2 ** 62)
     if not evs:
@@ -377,6 +383,8 @@ def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, train
     lab = None
     if labels:
         lab = {r["node"]: r for r in map(json.loads, labels.read_text().splitlines()) if "fine" in r}
+    elif category_labels:
+        lab = categories(evs)
     metrics = run_eval(checkpoint, evs, windows, cfg.schema, out, labels=lab, texts=texts,
                        later_texts=later)
     click.echo(json.dumps(metrics, indent=2))

@@ -75,18 +75,25 @@ def _train_first(cfg: HirflowConfig, world: SynthWorld, workdir: Path, after_s: 
                  out: dict) -> None:
     """Train a small first checkpoint on the events streamed so far, then announce it."""
     from encoder.model import EncoderConfig
-    from state.events import Engagement
+    from state.events import Engagement, Entity
+    from trainer.data import world_knowledge
     from trainer.publish import announce
     from trainer.train import TrainConfig, train
     try:
         time.sleep(after_s)
         cut = int(time.time() * 1000)
-        evs = [e for e in world.stream() if isinstance(e, Engagement) and e.ts <= cut]
+        items = [e for e in world.stream() if e.ts <= cut]
+        evs = [e for e in items if isinstance(e, Engagement)]
+        texts = None
+        if cfg.worker.knowledge:                  # train on what the worker serves with
+            from encoder.knowledge import TextEncoder
+            texts = world_knowledge([e for e in items if isinstance(e, Entity)], cut,
+                                    TextEncoder().encode) or None
         out["status"] = f"training on {len(evs)} events"
         tcfg = TrainConfig(chunk_hours=max(1e-3, (cut - world.cfg.start_ms) / 3_600_000 / 6),
                            max_steps_per_chunk=3)
         path = train(evs, cfg.schema, EncoderConfig.for_schema(cfg.schema), tcfg,
-                     workdir / "checkpoints", progress=False)
+                     workdir / "checkpoints", texts=texts, progress=False)
         rec = announce({"bootstrap.servers": cfg.kafka.bootstrap, **cfg.kafka.client},
                        Topics(cfg.kafka.topic_prefix).checkpoints, path)
         out["status"] = f"announced {rec['id']}"

@@ -3,9 +3,9 @@
 - next engagement: Recall@K and NDCG@K of the items (ads, products) each user engages in the
   test window, ranked from state as of the test window's start; the same for deep-funnel
   actions alone (funnel_weight > 1);
-- cold start: items first seen in the test window that have text, ranked among themselves
+- cold start: items first seen in the test window that have text, ranked among all items
   for the users who engage them (their embeddings come from type + world knowledge alone);
-  popularity knows nothing of them, so it ranks them in a seeded random order;
+  popularity knows nothing of them;
 - hierarchy: NMI / ARI of each level's assignments against planted labels (synthetic world)
   or any node -> label map (Taobao categories), and densification (how much denser the
   primitive graph is than the raw graph);
@@ -119,15 +119,21 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     for name, acts in (("next_engagement", None), ("deep_funnel", funnel)):
         truth_map: dict[str, set[int]] = defaultdict(set)
         item_idx = {x: i for i, x in enumerate(items)}
+        used: set[str] = set()
         for e in test:
             if e.src in index and e.dst in item_idx and (acts is None or e.action in acts):
                 truth_map[e.src].add(item_idx[e.dst])
+                used.add(e.action)
         users = sorted(truth_map)
         if not users:
             metrics[name] = {"users": 0}
             continue
         truth = [truth_map[u] for u in users]
-        scores = {"hirflow": emb[[index[u] for u in users]] @ emb[[index[x] for x in items]].T}
+        u_emb, i_emb = emb[[index[u] for u in users]], emb[[index[x] for x in items]]
+        # the model's own score: <u * r_a, i> averaged over the evaluated actions (DistMult
+        # is linear in r); the plain inner product is what the BoM index retrieves by
+        scores = {"hirflow": (u_emb * _relation(ck, schema, used)) @ i_emb.T,
+                  "hirflow_inner_product": u_emb @ i_emb.T}
         scores.update(baselines(before, users, items))
         res = {"users": len(users)}
         for method, sc in scores.items():
@@ -136,7 +142,7 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
                 res[f"{method}_recall@{k}"] = round(r, 4)
                 res[f"{method}_ndcg@{k}"] = round(n, 4)
         metrics[name] = res
-    metrics["cold_start"] = _cold_start(emb, index, cold, cold_emb, test, ks)
+    metrics["cold_start"] = _cold_start(emb, index, items, cold, cold_emb, before, test, ks)
     if labels:
         metrics["hierarchy"] = _hierarchy(model, emb, nodes, labels)
     metrics["densification"] = _densification(model, emb, index, before)
@@ -146,25 +152,43 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     return metrics
 
 
-def _cold_start(emb, index, cold: list[str], cold_emb: np.ndarray, test, ks) -> dict:
-    """Recall / NDCG of the cold items each known user engages in the test window, ranked
-    among all cold items; popularity has no data on them (seeded random order)."""
-    ci = {x: i for i, x in enumerate(cold)}
+def _relation(ck: ckpt.Checkpoint, schema: SchemaConfig, actions: set[str]) -> np.ndarray:
+    """Mean relation vector of `actions` from the checkpoint's engagement head (ones if none)."""
+    rel = ck.weights.get("head.relation.weight")
+    order = sorted(schema.all_actions)
+    if rel is None or rel.shape[0] != len(order) or not actions:
+        return np.ones((1, ck.manifest["config"]["d_emb"]), np.float32)
+    idx = [order.index(a) for a in sorted(actions)]
+    return rel[idx].float().mean(0, keepdim=True).numpy()
+
+
+def _cold_start(emb, index, items: list[str], cold: list[str], cold_emb: np.ndarray, before, test,
+                ks) -> dict:
+    """Recall / NDCG of the cold items (first seen in the test window, with text) each known
+    user engages there, ranked among all items, warm and cold, as a new ad must compete.
+    Popularity knows nothing of the cold items (zero, ties in a seeded random order)."""
+    ci = {x: len(items) + i for i, x in enumerate(cold)}
     truth_map: dict[str, set[int]] = defaultdict(set)
     for e in test:
         if e.src in index and e.dst in ci:
             truth_map[e.src].add(ci[e.dst])
     users = sorted(truth_map)
-    res: dict = {"users": len(users), "items": len(cold)}
+    res: dict = {"users": len(users), "cold_items": len(cold), "items": len(items) + len(cold)}
     if not users:
         return res
     truth = [truth_map[u] for u in users]
-    rng = np.random.default_rng(0)
-    scores = {"hirflow": emb[[index[u] for u in users]] @ cold_emb.T,
-              "popularity": rng.random((len(users), len(cold)))}
+    cand = np.concatenate([emb[[index[x] for x in items]], cold_emb]) if items else cold_emb
+    pop = np.zeros(len(items) + len(cold))
+    ii = {x: i for i, x in enumerate(items)}
+    for e in before:
+        if e.dst in ii:
+            pop[ii[e.dst]] += 1
+    noise = np.random.default_rng(0).random((len(users), len(pop))) * 1e-3   # tie-break
+    scores = {"hirflow": emb[[index[u] for u in users]] @ cand.T,
+              "popularity": pop[None, :] + noise}
     for method, sc in scores.items():
         for k in ks:
-            r, n = _rank_metrics(sc, truth, min(k, len(cold)))
+            r, n = _rank_metrics(sc, truth, min(k, len(pop)))
             res[f"{method}_recall@{k}"] = round(r, 4)
             res[f"{method}_ndcg@{k}"] = round(n, 4)
     return res
@@ -194,21 +218,36 @@ def _densification(model: HierarchicalEncoder, emb: np.ndarray, index: Mapping[s
 @torch.no_grad()
 def _hierarchy(model: HierarchicalEncoder, emb: np.ndarray, nodes: list[str],
                labels: Mapping[str, Mapping[str, int]]) -> dict:
+    """NMI / ARI per level. Planted labels (coarse / mid / fine) are compared level by level,
+    coarsest with coarsest; any other label (a Taobao category) with every level."""
     assign = model.assign(torch.from_numpy(emb)).numpy()            # (N, levels) coarse..fine
-    keys = ("coarse", "mid", "fine")[-assign.shape[1]:] if assign.shape[1] <= 3 else None
-    out = {}
     picked = [i for i, n in enumerate(nodes) if n in labels]
-    if not picked or keys is None:
-        return out
-    for lvl, key in enumerate(keys):
-        truth = [labels[nodes[i]].get(key) for i in picked]
-        ok = [j for j, t in enumerate(truth) if t is not None]
-        if ok:
-            pred = assign[[picked[j] for j in ok], lvl]
-            t = [truth[j] for j in ok]
+    keys = sorted({k for i in picked for k in labels[nodes[i]]})
+    tree = [k for k in ("coarse", "mid", "fine") if k in keys]
+    if tree:
+        tree = tree[-assign.shape[1]:]
+        pairs = [(lvl + assign.shape[1] - len(tree), k) for lvl, k in enumerate(tree)]
+    else:
+        pairs = [(lvl, k) for k in keys for lvl in range(assign.shape[1])]
+    out = {}
+    for lvl, key in pairs:
+        ok = [i for i in picked if isinstance(labels[nodes[i]].get(key), int)]
+        if len(ok) > 1:
+            t = [labels[nodes[i]][key] for i in ok]
+            pred = assign[ok, lvl]
             out[f"level{lvl}_vs_{key}"] = {"nmi": round(float(normalized_mutual_info_score(t, pred)), 4),
                                            "ari": round(float(adjusted_rand_score(t, pred)), 4),
                                            "nodes": len(ok)}
+    return out
+
+
+def category_labels(events: Sequence[Engagement], action: str = "belongs_to") -> dict[str, dict[str, int]]:
+    """node -> {"category": k} from structural `belongs_to` edges (Taobao products)."""
+    cats: dict[str, int] = {}
+    out: dict[str, dict[str, int]] = {}
+    for e in events:
+        if e.action == action:
+            out[e.src] = {"category": cats.setdefault(e.dst, len(cats))}
     return out
 
 

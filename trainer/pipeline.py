@@ -6,7 +6,10 @@ chunk's start from chunks < k only. Workers run up to `prefetch` batches ahead o
 (the model only waits when they fall behind; the trainer measures that wait). Every batch draws
 its negatives and walks from its own generator, seeded by (seed, step), so the batches, and
 with them the checkpoint, are the same for any number of workers; a chunk's shuffle is seeded
-by (seed, chunk), so a resumed run skips chunks without replaying generators. A chunk's
+by (seed, chunk, pass), so a resumed run skips chunks without replaying generators. A share
+of student views whose anchor has text is replaced by the anchor alone (`cold_view`): the
+student then learns to place a node from type + world knowledge as the teacher places it
+from its full broad view, which is how a cold node is served. A chunk's
 events are written only after all of its batches are sampled, and the next chunk is sampled
 only after that write.
 """
@@ -28,7 +31,7 @@ from encoder.batching import PackConfig, PackedBatch, pack
 from state.events import Engagement
 from state.graph import GraphConfig, GraphStore
 from state.schema import SchemaConfig
-from state.views import ViewConfig, ViewSampler
+from state.views import ViewConfig, ViewSampler, cold_view
 from state.writer import BOTH_SIDES, GraphWriter
 
 
@@ -56,8 +59,9 @@ class ChunkDone:
 
 
 def chunk_plan(events: Sequence[Engagement], chunk_ms: int, batch_edges: int, max_steps: int,
-               seed: int) -> list[list[np.ndarray]]:
-    """Per time chunk, the event indices of each of its steps (chunk 0 only builds state)."""
+               seed: int, passes: int = 1) -> list[list[np.ndarray]]:
+    """Per time chunk, the event indices of each of its steps (chunk 0 only builds state):
+    `passes` shuffles of the chunk's events, up to `max_steps` batches each."""
     t0 = events[0].ts
     ids = np.array([(e.ts - t0) // chunk_ms for e in events])
     chunks = np.split(np.arange(len(events)), np.flatnonzero(np.diff(ids)) + 1)
@@ -66,9 +70,12 @@ def chunk_plan(events: Sequence[Engagement], chunk_ms: int, batch_edges: int, ma
         if k == 0:
             plan.append([idx])              # no steps: the first chunk only builds state
             continue
-        order = idx[np.argsort(np.random.default_rng([seed, k]).random(len(idx)), kind="stable")]
-        n = min(max_steps, math.ceil(len(order) / batch_edges))
-        plan.append([idx] + [order[b * batch_edges:(b + 1) * batch_edges] for b in range(n)])
+        steps = [idx]
+        for p in range(passes):
+            order = idx[np.argsort(np.random.default_rng([seed, k, p]).random(len(idx)), kind="stable")]
+            n = min(max_steps, math.ceil(len(order) / batch_edges))
+            steps.extend(order[b * batch_edges:(b + 1) * batch_edges] for b in range(n))
+        plan.append(steps)
     return plan
 
 
@@ -82,11 +89,12 @@ class BatchPipeline:
                  schema: SchemaConfig, teacher_view: ViewConfig, student_view: ViewConfig,
                  pack_cfg: PackConfig, a_index: Mapping[str, int], negatives: int, seed: int,
                  texts: Mapping[str, np.ndarray] | None = None, workers: int = 1, prefetch: int = 4,
-                 start_chunk: int = 0) -> None:
+                 start_chunk: int = 0, cold_share: float = 0.0) -> None:
         self.events, self.plan, self.schema = events, plan, schema
         self.views = (teacher_view, student_view)
         self.pack_cfg, self.a_index, self.negatives, self.seed = pack_cfg, a_index, negatives, seed
         self.texts, self.workers, self.prefetch, self.start_chunk = texts, workers, max(1, prefetch), start_chunk
+        self.cold_share = cold_share
         self.store = GraphStore(store_dir, schema, 1)
         self.writer = GraphWriter(self.store, GraphConfig(path=str(store_dir)))
         self.by_type: dict[str, list[str]] = {}       # node type -> nodes seen so far (negatives)
@@ -127,7 +135,11 @@ class BatchPipeline:
             pos[n] = len(anchors)
             anchors.append(n)
         teacher, student = self._pair()
-        s = pack(student.sample(anchors, cutoff, rng=rng), self.pack_cfg, knowledge=self.texts)
+        s_views = student.sample(anchors, cutoff, rng=rng)
+        if self.cold_share > 0 and self.texts:          # cold-start drill, anchors with text only
+            drill = rng.random(len(s_views)) < self.cold_share
+            s_views = [cold_view(v) if d and v.anchor in self.texts else v for v, d in zip(s_views, drill)]
+        s = pack(s_views, self.pack_cfg, knowledge=self.texts)
         te = pack(teacher.sample(anchors, cutoff, rng=rng), self.pack_cfg, knowledge=self.texts)
         r = 1 + self.negatives
         src = torch.tensor([pos[e.src] for e in batch for _ in range(r)])

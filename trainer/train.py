@@ -64,6 +64,8 @@ class TrainConfig:
     w_engage: float = 1.0
     w_hierarchy: float = 0.1
     negatives: int = 2               # per positive, same node type as the true dst
+    passes: int = 1                  # shuffled passes over each chunk's events
+    cold_share: float = 0.2          # student views reduced to the anchor alone (cold-start drill)
     teacher_view: ViewConfig = TEACHER
     student_view: ViewConfig = STUDENT
     quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
@@ -73,8 +75,10 @@ class TrainConfig:
     snapshot_chunks: int = 1         # resume snapshot every this many chunks (0: never)
 
     def __post_init__(self) -> None:
-        if self.batch_edges < 1 or self.max_steps_per_chunk < 1 or self.chunk_hours <= 0:
-            raise ValueError("batch_edges, max_steps_per_chunk and chunk_hours must be positive")
+        if self.batch_edges < 1 or self.max_steps_per_chunk < 1 or self.chunk_hours <= 0 or self.passes < 1:
+            raise ValueError("batch_edges, max_steps_per_chunk, passes and chunk_hours must be positive")
+        if not 0.0 <= self.cold_share < 1.0:
+            raise ValueError(f"cold_share must be in [0, 1), got {self.cold_share}")
 
 
 class EngagementHead(nn.Module):
@@ -133,7 +137,7 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     opt = torch.optim.AdamW(list(student.parameters()) + list(head.parameters()), lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
     plan = chunk_plan(events, int(cfg.chunk_hours * 3_600_000), cfg.batch_edges,
-                      cfg.max_steps_per_chunk, cfg.seed)
+                      cfg.max_steps_per_chunk, cfg.seed, cfg.passes)
     steps = sum(len(p) - 1 for p in plan)
     lr = cosine(cfg.lr, cfg.lr * 0.05, max(1, steps), warmup_steps=min(cfg.warmup_steps, max(1, steps) - 1))
     mom = teacher_momentum(max(1, steps), cfg.momentum)
@@ -155,7 +159,7 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
         pipe = BatchPipeline(events, plan, Path(tmp) / "state", schema, cfg.teacher_view,
                              cfg.student_view, enc_cfg.pack, a_index, cfg.negatives, cfg.seed,
                              texts=texts, workers=cfg.sample_workers, prefetch=cfg.prefetch,
-                             start_chunk=start_chunk)
+                             start_chunk=start_chunk, cold_share=cfg.cold_share)
         bar = tqdm(total=steps, initial=step, unit="step", disable=not progress, desc="train")
         items = iter(pipe)
         try:

@@ -54,3 +54,18 @@ def test_teacher_views_are_broader_than_student_views(tmp_path):
         s = ViewSampler(store.reader, SchemaConfig(), STUDENT).sample(anchors, cut)
         assert np.mean([v.size for v in t]) > 2 * np.mean([v.size for v in s])
         assert max(v.size for v in s) <= STUDENT.max_nodes
+
+
+def test_a_cold_view_is_the_anchor_alone_without_behaviour(tmp_path):
+    from encoder.batching import PackConfig, pack
+    from state.views import cold_view
+    rng = np.random.default_rng(2)
+    with GraphStore(tmp_path, SchemaConfig(), 4) as store:
+        apply_direct(store, world(rng, 20, 10, 800), GraphConfig(path=str(tmp_path)))
+        full = ViewSampler(store.reader, SchemaConfig(), STUDENT).sample(["ad:1"], T0 + 31 * DAY)[0]
+    cold = cold_view(full)
+    assert full.size > 1 and full.stats[0].any()
+    assert cold.nodes == ("ad:1",) and cold.types[0] == full.types[0] and len(cold.edge_src) == 0
+    assert not cold.stats.any()
+    b = pack([cold, full], PackConfig())
+    assert not bool(b.frequent[0]) and bool(b.frequent[1])      # no hash-id embedding when cold

@@ -33,7 +33,24 @@ def test_windows_are_consecutive_and_chunks_only_shuffle_inside():
     parts = split([Engagement("user:1", "ad:1", "click", int(t)) for t in ts], w)
     assert max(e.ts for e in parts["train"]) < min(e.ts for e in parts["val"])
     assert max(e.ts for e in parts["val"]) < min(e.ts for e in parts["test"])
+    skewed = np.concatenate([[-1000 * HOUR], ts])          # one months-early outlier stamp
+    ws = chronological_windows(skewed.tolist(), train=0.7, val=0.1)
+    assert 0.65 < np.mean(skewed < ws.train_end) < 0.75       # still 70% of the events
     order = time_chunked_order(ts, 10 * HOUR, np.random.default_rng(0))
     chunks = (ts[order] - ts.min()) // (10 * HOUR)
     assert (np.diff(chunks) >= 0).all()                    # chunks stay in time order
     assert not (np.diff(ts[order]) >= 0).all()             # ... but are shuffled inside
+
+
+def test_chunk_plan_passes_reshuffle_each_chunk():
+    from trainer.pipeline import chunk_plan
+    evs = [Engagement(f"user:{i % 7}", f"ad:{i % 5}", "click", T0 + i * HOUR // 4) for i in range(400)]
+    one = chunk_plan(evs, 24 * HOUR, 16, 100, seed=0)
+    two = chunk_plan(evs, 24 * HOUR, 16, 100, seed=0, passes=2)
+    assert len(one[0]) == 1 and len(two[0]) == 1                # the first chunk only builds state
+    for a, b in zip(one[1:], two[1:]):
+        assert (a[0] == b[0]).all() and len(b) - 1 == 2 * (len(a) - 1)
+        n = len(a) - 1
+        firsts, seconds = np.concatenate(b[1:1 + n]), np.concatenate(b[1 + n:])
+        assert sorted(firsts) == sorted(seconds) == sorted(a[0])   # each pass covers the chunk once
+        assert not (firsts == seconds).all()

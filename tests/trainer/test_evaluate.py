@@ -56,10 +56,26 @@ def test_evaluation_end_to_end_writes_metrics_and_plots(tmp_path):
     assert 0.0 <= m["bom_recall@100"] <= 1.0
     cold = m["cold_start"]                      # ads launched in the test window, with text
     launched = {r["node"] for r in world.labels() if r.get("launch_ts", 0) >= w.val_end}
-    assert cold["users"] > 0 and 0 < cold["items"] <= len(launched)
+    assert cold["users"] > 0 and 0 < cold["cold_items"] <= len(launched) < cold["items"]
     for method in ("hirflow", "popularity"):
         assert 0.0 <= cold[f"{method}_recall@10"] <= cold[f"{method}_recall@50"] <= 1.0
     dens = m["densification"]
     assert 0 < dens["raw_density"] < 1
     for lvl in ("level0", "level1"):
         assert dens[lvl]["primitives"] >= 1 and dens[lvl]["density"] <= 1.0
+
+
+def test_category_labels_are_compared_with_every_level():
+    import torch
+
+    from encoder.model import EncoderConfig, HierarchicalEncoder
+    from state.schema import SchemaConfig
+    from trainer.evaluate import _hierarchy, category_labels
+    evs = [Engagement(f"product:{i}", f"category:{i % 3}", "belongs_to", 1) for i in range(30)]
+    labels = category_labels(evs)
+    assert labels["product:4"] == labels["product:7"] != labels["product:5"]
+    model = HierarchicalEncoder(EncoderConfig.for_schema(SchemaConfig(), levels=(4, 16), d_emb=32))
+    emb = torch.nn.functional.normalize(torch.randn(30, 32), dim=-1).numpy()
+    out = _hierarchy(model, emb, [f"product:{i}" for i in range(30)], labels)
+    assert set(out) == {"level0_vs_category", "level1_vs_category"}
+    assert all(0.0 <= v["nmi"] <= 1.0 and v["nodes"] == 30 for v in out.values())
