@@ -38,10 +38,11 @@ class NodeFeatures(nn.Module):
         self.knowledge = nn.Linear(cfg.pack.knowledge_dim, d)
         self.image = nn.Linear(cfg.pack.image_dim, d)
         self.rwse = nn.Linear(cfg.pack.rwse_steps, d)
-        # each id-level group normalised on its own: at init the projection of a unit MiniLM
-        # vector is ~30x smaller than a type embedding, and the text signal would start
-        # buried under type and hash-id noise
-        self.dhe_norm, self.knowledge_norm, self.image_norm = (nn.LayerNorm(d) for _ in range(3))
+        # world knowledge and images normalised on their own: at init the projection of a
+        # unit MiniLM vector is ~30x smaller than a type embedding, and the text signal would
+        # start buried under it. (The hash-id embedding is not: amplified, it pins a node to
+        # its identity and its embedding stops following its neighbourhood.)
+        self.knowledge_norm, self.image_norm = nn.LayerNorm(d), nn.LayerNorm(d)
         self.norm = nn.LayerNorm(d)
 
     def forward(self, b: PackedBatch) -> torch.Tensor:
@@ -50,7 +51,7 @@ class NodeFeatures(nn.Module):
         x = self.type_emb(b.type_ids) + self.hop_emb(b.hop) + self.stats(b.stats)
         x = x + self.rwse(b.rwse)
         node = b.token_node
-        x = x + self.dhe_norm(self.dhe(b.hash_x))[node] * b.frequent[:, None]   # frequent ids only
+        x = x + self.dhe(b.hash_x)[node] * b.frequent[:, None]            # frequent ids only
         known = (self.knowledge_norm(self.knowledge(b.knowledge)) * b.has_knowledge[:, None]
                  + self.image_norm(self.image(b.image)) * b.has_image[:, None])
         return self.norm(x + known[node])

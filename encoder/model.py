@@ -89,18 +89,6 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
-def tree_prototypes(levels, d: int, spread: float = 0.8) -> torch.Tensor:
-    """(K_fine, d) unit fine prototypes drawn top-down: each child starts near its parent, so
-    siblings begin closer to each other than to other subtrees and the coarse levels (means
-    of their children) mean something from the first step, instead of grouping random
-    directions that training must first pull together."""
-    centres = F.normalize(torch.randn(levels[0], d), dim=-1)
-    for k in levels[1:]:
-        parent = torch.arange(k) * centres.shape[0] // k
-        centres = F.normalize(centres[parent] + spread * torch.randn(k, d) / d ** 0.5, dim=-1)
-    return centres
-
-
 class HierarchicalEncoder(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
@@ -110,7 +98,7 @@ class HierarchicalEncoder(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.d_emb)
         k_fine = cfg.levels[-1]
-        self.prototypes = nn.Parameter(tree_prototypes(cfg.levels, cfg.d_emb))
+        self.prototypes = nn.Parameter(F.normalize(torch.randn(k_fine, cfg.d_emb), dim=-1))
         for i, k in enumerate(cfg.levels):
             self.register_buffer(f"parent_{i}", torch.arange(k_fine) * k // k_fine, persistent=False)
 

@@ -6,8 +6,9 @@ those steps is sampled as of the chunk's start, from the state of chunks < k onl
 ever sees its own future. Batches are shuffled only inside a chunk. The teacher is an EMA of
 the student (momentum schedule computed up front), its broad views give Sinkhorn-balanced
 targets for the student's narrow views at every level. A non-finite loss stops the run.
-After training, the BoM quantizer is fitted on the final embeddings and everything goes into
-one checkpoint. Same data, config and seed -> the same checkpoint bytes.
+After training, the primitive tree is refitted to the final embeddings (top-down k-means,
+`encoder.hierarchy`) and the BoM quantizer fitted on them; everything goes into one
+checkpoint. Same data, config and seed -> the same checkpoint bytes.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from tqdm import tqdm
 
 from encoder import checkpoint as ckpt
 from encoder.batching import pack
+from encoder.hierarchy import fit_tree
 from encoder.model import EncoderConfig, HierarchicalEncoder
 from encoder.quantize import BoMQuantizer, QuantizerConfig
 from state.events import Engagement
@@ -66,6 +68,7 @@ class TrainConfig:
     negatives: int = 2               # per positive, same node type as the true dst
     passes: int = 1                  # shuffled passes over each chunk's events
     cold_share: float = 0.2          # student views reduced to the anchor alone (cold-start drill)
+    refit_prototypes: bool = True    # fit the primitive tree to the final embeddings (k-means)
     teacher_view: ViewConfig = TEACHER
     student_view: ViewConfig = STUDENT
     quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
@@ -199,8 +202,16 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     timing["wall_s"] = time.perf_counter() - wall
     if stats is not None:
         stats.update(timing)
+    if cfg.refit_prototypes:
+        fine = fit_tree(embs, enc_cfg.levels, cfg.seed)
+        if fine is not None:
+            with torch.no_grad():
+                student.prototypes.copy_(torch.from_numpy(fine).to(student.prototypes.device))
     quant = BoMQuantizer(enc_cfg.d_emb, cfg.quantizer).train(embs)
     metrics = dict(metrics)
+    with torch.no_grad():
+        used = student.assign(torch.from_numpy(embs).to(dev)).cpu().numpy()
+    metrics["primitives_used"] = [int(len(np.unique(used[:, i]))) for i in range(used.shape[1])]
     metrics["reconstruction_error"] = quant.reconstruction_error(embs)
     weights = {f"encoder.{k}": v for k, v in student.state_dict().items()}
     weights.update({f"head.{k}": v for k, v in head.state_dict().items()})

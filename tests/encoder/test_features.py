@@ -44,18 +44,3 @@ def test_hash_features_are_deterministic_and_spread():
     assert a.shape == (2, cfg.hash_count) and (np.abs(a) <= 1).all()
     assert not np.allclose(a[0], a[1])
 
-
-def test_prototypes_start_as_a_tree():
-    """Fine prototypes under one parent start closer to each other than to other subtrees."""
-    from encoder.model import tree_prototypes
-    torch.manual_seed(0)
-    p = tree_prototypes((4, 16, 64), 64)
-    cos = p @ p.T
-    k = torch.arange(64)
-    mid, coarse = k * 16 // 64, k * 4 // 64
-    off = ~torch.eye(64, dtype=torch.bool)
-    same_mid = (mid[:, None] == mid[None]) & off
-    cousins = (coarse[:, None] == coarse[None]) & (mid[:, None] != mid[None])
-    other = coarse[:, None] != coarse[None]
-    assert torch.allclose(p.norm(dim=-1), torch.ones(64))
-    assert cos[same_mid].mean() > cos[cousins].mean() + 0.1 > cos[other].mean() + 0.2

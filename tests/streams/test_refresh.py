@@ -66,8 +66,8 @@ def test_user_moving_to_a_new_interest_changes_tokens_and_assignment(cfg, tiny_w
         assert_index_matches_state(loop)
         ads = [n for n in loop.memory.ids if n.startswith("ad:")]
         by_prim: dict[int, list[str]] = {}
-        for a in ads:
-            by_prim.setdefault(int(loop.memory.assign[loop.memory.row(a), 0]), []).append(a)
+        for a in ads:                                 # groups of ads by their fine primitive
+            by_prim.setdefault(int(loop.memory.assign[loop.memory.row(a), 1]), []).append(a)
         (p_a, ads_a), (p_b, ads_b) = sorted(by_prim.items(), key=lambda kv: -len(kv[1]))[:2]
         t = max(e.ts for e in tiny_world)
         user = "user:newcomer"
