@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -104,6 +104,7 @@ def run_every(period_s: float, load: Loader, schema: SchemaConfig, opts: RunOpti
                            announce, progress)
             parent = ckpt.load(res.checkpoint)
             yield res
+            opts = replace(opts, resume=False)         # only the first round may continue one
         except (ValueError, RuntimeError) as exc:      # no data yet, a non-finite loss, ...
             log.error("training round at %d failed: %s; keeping %s", int(started * 1000), exc,
                       parent.id if parent else "no checkpoint")

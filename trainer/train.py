@@ -155,7 +155,7 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
         if got is not None:
             start_chunk, step, metrics = got
             log.info("resuming at chunk %d, step %d of %d", start_chunk, step, steps)
-    logf = open(cfg.log_path, "a" if start_chunk else "w") if cfg.log_path else None
+    logf = _open_log(cfg.log_path, step) if cfg.log_path else None
     timing = {"wait_s": 0.0, "model_s": 0.0, "anchors": 0, "steps": 0}
     wall = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hirflow-train-") as tmp:
@@ -223,6 +223,19 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     path = ckpt.save(out_dir, weights, manifest, quant.codebooks_array())
     shutil.rmtree(snap_dir, ignore_errors=True)          # the run is complete
     return path
+
+
+def _open_log(path: str, resumed_at: int):
+    """The metrics log, keeping only the rows before `resumed_at` (a resumed run repeats the
+    steps between its last snapshot and the crash)."""
+    p = Path(path)
+    keep = []
+    if resumed_at and p.exists():
+        keep = [ln for ln in p.read_text().splitlines() if ln and json.loads(ln).get("step", 0) < resumed_at]
+    f = open(p, "w")
+    for ln in keep:
+        f.write(ln + "\n")
+    return f
 
 
 def _manifest_train(cfg: TrainConfig) -> dict:

@@ -56,48 +56,43 @@ def test_same_data_config_and_seed_give_a_byte_identical_checkpoint_for_any_samp
     assert digests[0] == digests[1] == digests[2] == digests[3]
 
 
-def test_an_interrupted_run_resumes_to_the_same_checkpoint(tmp_path, monkeypatch):
-    """Killed after a few chunks (here: an exception in the state write), the run continues
-    from its snapshot and writes exactly the bytes of an uninterrupted run."""
+def interrupt_on_third_chunk(monkeypatch, schema, enc, cfg, out):
+    """Run training into `out` and kill it (an exception in the state write) at chunk 3."""
     from state.writer import GraphWriter
-    schema, enc, cfg = small(tmp_path)
-    whole = digest(train(events(), schema, enc, cfg, tmp_path / "whole", progress=False))
-    real, calls = GraphWriter.apply_batch, []
-
-    def crash_on_third_chunk(self, batch):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return real(self, batch)
-
-    monkeypatch.setattr(GraphWriter, "apply_batch", crash_on_third_chunk)
-    with pytest.raises(KeyboardInterrupt):
-        train(events(), schema, enc, cfg, tmp_path / "run", progress=False)
-    monkeypatch.setattr(GraphWriter, "apply_batch", real)
-    assert (tmp_path / "run" / "_resume" / "state.json").exists()
-    stats = {}
-    path = train(events(), schema, enc, cfg, tmp_path / "run", progress=False, resume=True, stats=stats)
-    assert digest(path) == whole
-    assert 0 < stats["steps"] < load(path).manifest["steps"]      # only the remaining steps ran
-    assert not (tmp_path / "run" / "_resume").exists()
-
-
-def test_resume_refuses_a_snapshot_of_other_data(tmp_path, monkeypatch):
-    from state.writer import GraphWriter
-    from trainer.resume import ResumeError
-    schema, enc, cfg = small(tmp_path)
     real, calls = GraphWriter.apply_batch, []
 
     def crash(self, batch):
         calls.append(1)
         if len(calls) == 3:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt("simulated kill")
         return real(self, batch)
 
     monkeypatch.setattr(GraphWriter, "apply_batch", crash)
     with pytest.raises(KeyboardInterrupt):
-        train(events(), schema, enc, cfg, tmp_path / "run", progress=False)
+        train(events(), schema, enc, cfg, out, progress=False)
     monkeypatch.setattr(GraphWriter, "apply_batch", real)
+
+
+def test_an_interrupted_run_resumes_to_the_same_checkpoint(tmp_path, monkeypatch):
+    """Killed after a few chunks, the run continues from its snapshot and writes exactly the
+    bytes of an uninterrupted run."""
+    schema, enc, cfg = small(tmp_path)
+    whole = digest(train(events(), schema, enc, cfg, tmp_path / "whole", progress=False))
+    interrupt_on_third_chunk(monkeypatch, schema, enc, cfg, tmp_path / "run")
+    assert (tmp_path / "run" / "_resume" / "state.json").exists()
+    stats = {}
+    path = train(events(), schema, enc, cfg, tmp_path / "run", progress=False, resume=True, stats=stats)
+    assert digest(path) == whole
+    assert 0 < stats["steps"] < load(path).manifest["steps"]      # only the remaining steps ran
+    rows = [json.loads(x)["step"] for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert rows == list(range(load(path).manifest["steps"]))      # each step logged once
+    assert not (tmp_path / "run" / "_resume").exists()
+
+
+def test_resume_refuses_a_snapshot_of_other_data(tmp_path, monkeypatch):
+    from trainer.resume import ResumeError
+    schema, enc, cfg = small(tmp_path)
+    interrupt_on_third_chunk(monkeypatch, schema, enc, cfg, tmp_path / "run")
     with pytest.raises(ResumeError, match="other data"):
         train(events()[:-10], schema, enc, cfg, tmp_path / "run", progress=False, resume=True)
 
@@ -119,6 +114,18 @@ def test_non_finite_loss_stops_the_run(tmp_path):
         train(events(), schema, enc, cfg, tmp_path / "ckpt", progress=False)
 
 
+def synth_world_and_flags(cfg, tmp_path) -> list[str]:
+    """A small synthetic world under tmp_path/w; -> the CLI flags of the test's broker."""
+    from click.testing import CliRunner
+
+    from streams.cli import cli
+    r = CliRunner().invoke(cli, ["synth", "--out", str(tmp_path / "w"), "--events", "1200",
+                                 "--users", "50", "--span-days", "4"])
+    assert r.exit_code == 0, r.output
+    return ["--bootstrap", cfg.kafka.bootstrap, "--topic-prefix", cfg.kafka.topic_prefix,
+            "--partitions", str(cfg.kafka.partitions), "--state", cfg.graph.path]
+
+
 def test_cli_trains_from_a_file_and_announces_the_checkpoint(cfg, tmp_path):
     """`hirflow train --input` on synthetic files; the announcement names a loadable checkpoint."""
     import msgpack
@@ -127,11 +134,7 @@ def test_cli_trains_from_a_file_and_announces_the_checkpoint(cfg, tmp_path):
     from streams.cli import cli
     from streams.topics import Topics
     from tests.streams.kafka_helpers import drain
-    r = CliRunner().invoke(cli, ["synth", "--out", str(tmp_path / "w"), "--events", "1200",
-                                 "--users", "50", "--span-days", "4"])
-    assert r.exit_code == 0, r.output
-    base = ["--bootstrap", cfg.kafka.bootstrap, "--topic-prefix", cfg.kafka.topic_prefix,
-            "--partitions", str(cfg.kafka.partitions), "--state", cfg.graph.path]
+    base = synth_world_and_flags(cfg, tmp_path)
     r = CliRunner().invoke(cli, base + ["train", "--input", str(tmp_path / "w" / "engagements.jsonl"),
                                         "--cutoff", "2026-02-01", "--out", str(tmp_path / "ck"),
                                         "--steps-per-chunk", "1"])
@@ -151,11 +154,7 @@ def test_cli_trains_every_period_and_chains_the_checkpoints(cfg, tmp_path):
     from streams.cli import cli
     from streams.topics import Topics
     from tests.streams.kafka_helpers import drain
-    r = CliRunner().invoke(cli, ["synth", "--out", str(tmp_path / "w"), "--events", "1200",
-                                 "--users", "50", "--span-days", "4"])
-    assert r.exit_code == 0, r.output
-    base = ["--bootstrap", cfg.kafka.bootstrap, "--topic-prefix", cfg.kafka.topic_prefix,
-            "--partitions", str(cfg.kafka.partitions), "--state", cfg.graph.path]
+    base = synth_world_and_flags(cfg, tmp_path)
     r = CliRunner().invoke(cli, base + ["train", "--input", str(tmp_path / "w" / "engagements.jsonl"),
                                         "--entities", str(tmp_path / "w" / "entities.jsonl"),
                                         "--every", "1s", "--rounds", "2", "--levels", "4,16",
