@@ -99,6 +99,10 @@ class HierarchicalEncoder(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.d_emb)
         k_fine = cfg.levels[-1]
         self.prototypes = nn.Parameter(F.normalize(torch.randn(k_fine, cfg.d_emb), dim=-1))
+        # per-type mean embedding, removed from every output: zero while training; the trainer
+        # may set it after training (`centre_types`), since node type is otherwise the largest
+        # direction of the space and the coarsest primitives split nodes by type, not interest
+        self.register_buffer("type_centre", torch.zeros(cfg.n_types, cfg.d_emb))
         for i, k in enumerate(cfg.levels):
             self.register_buffer(f"parent_{i}", torch.arange(k_fine) * k // k_fine, persistent=False)
 
@@ -137,6 +141,7 @@ class HierarchicalEncoder(nn.Module):
         for blk in self.blocks:
             x = blk(x, b, backend, layout)
         emb = F.normalize(self.head(self.ln_f(x[b.anchor_pos])), dim=-1)   # (V, d_emb)
+        emb = F.normalize(emb - self.type_centre[b.type_ids[b.anchor_pos]], dim=-1)
         logits = [emb @ p.T / self.cfg.temperature for p in self.level_prototypes()]
         return emb, logits
 

@@ -292,6 +292,9 @@ def _text_encode(enabled: bool):
               help="Most steps per pass over a 24 h chunk.")
 @click.option("--passes", type=int, default=1, show_default=True,
               help="Shuffled passes over each chunk's events.")
+@click.option("--centre-types", is_flag=True,
+              help="Remove each node type's mean embedding after training (a hierarchy by "
+                   "interest, not by type; better cold start, weaker warm recall).")
 @click.option("--sample-workers", type=int, default=1, show_default=True,
               help="Threads sampling views ahead of the model (0: inline).")
 @click.option("--knowledge/--no-knowledge", default=True, show_default=True,
@@ -301,8 +304,8 @@ def _text_encode(enabled: bool):
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.pass_obj
 def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window, every, rounds,
-          out, init_path, resume, levels, seed, steps_per_chunk, passes, sample_workers, knowledge,
-          announce, progress):
+          out, init_path, resume, levels, seed, steps_per_chunk, passes, centre_types, sample_workers,
+          knowledge, announce, progress):
     """Train a checkpoint on the training window of the data (strict time cutoff), once or
     periodically (--every)."""
     from encoder.checkpoint import CheckpointError, load as load_ckpt
@@ -316,7 +319,8 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
         opts = RunOptions(train_share=train_share, window_s=parse_duration(window) if window else None,
                           levels=levels_from(levels), knowledge=knowledge, resume=resume,
                           train=TrainConfig(seed=seed, max_steps_per_chunk=steps_per_chunk,
-                                            passes=passes, sample_workers=sample_workers,
+                                            passes=passes, centre_types=centre_types,
+                                            sample_workers=sample_workers,
                                             log_path=str(out / "train-log.jsonl")))
         period = parse_duration(every) if every else None
         parent = load_ckpt(init_path) if init_path else None

@@ -69,6 +69,7 @@ class TrainConfig:
     passes: int = 1                  # shuffled passes over each chunk's events
     cold_share: float = 0.2          # student views reduced to the anchor alone (cold-start drill)
     refit_prototypes: bool = True    # fit the primitive tree to the final embeddings (k-means)
+    centre_types: bool = False       # remove each type's mean from the outputs before the fit
     teacher_view: ViewConfig = TEACHER
     student_view: ViewConfig = STUDENT
     quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
@@ -203,6 +204,8 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     if stats is not None:
         stats.update(timing)
     if cfg.refit_prototypes:
+        if cfg.centre_types:
+            embs = _centre_types(student, embs, emb_nodes, schema)
         fine = fit_tree(embs, enc_cfg.levels, cfg.seed)
         if fine is not None:
             with torch.no_grad():
@@ -255,6 +258,21 @@ def _texts_digest(texts) -> str | None:
     return h.hexdigest()
 
 
+def _centre_types(model: HierarchicalEncoder, embs: np.ndarray, nodes: list[str],
+                  schema: SchemaConfig) -> np.ndarray:
+    """Store each node type's mean embedding in the model (its outputs are centred from now
+    on) and return `embs` centred the same way, as the model would now encode them."""
+    index = {t: i for i, t in enumerate(schema.all_node_types)}
+    types = np.array([index.get(n.partition(":")[0], 0) for n in nodes], np.int64)
+    centre = np.zeros((model.cfg.n_types, embs.shape[1]), np.float32)
+    for t in np.unique(types):
+        centre[t] = embs[types == t].mean(0)
+    with torch.no_grad():
+        model.type_centre.copy_(torch.from_numpy(centre))
+    out = embs - centre[types]
+    return (out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+
 def _warm_start(student: HierarchicalEncoder, head: "EngagementHead", init: ckpt.Checkpoint,
                 enc_cfg: EncoderConfig) -> None:
     """Start from a checkpoint's weights (periodic training continues its parent)."""
@@ -262,6 +280,8 @@ def _warm_start(student: HierarchicalEncoder, head: "EngagementHead", init: ckpt
         raise ValueError(f"checkpoint {init.id} has another encoder config; train it with the "
                          "same config (or without --init)")
     student.load_state_dict({k[8:]: v for k, v in init.weights.items() if k.startswith("encoder.")})
+    with torch.no_grad():
+        student.type_centre.zero_()                  # training runs uncentred; refitted after
     hw = {k[5:]: v for k, v in init.weights.items() if k.startswith("head.")}
     if hw:
         head.load_state_dict(hw)

@@ -189,3 +189,19 @@ def test_run_every_keeps_the_last_good_checkpoint_after_a_failed_round(tmp_path)
     assert parse_duration("1h") == 3600 and parse_duration("90s") == 90
     with pytest.raises(ValueError):
         parse_duration("soon")
+
+
+def test_centring_types_stores_each_types_mean(tmp_path):
+    """With centre_types the checkpoint holds one mean embedding per seen node type (a mean of
+    unit vectors: norm in (0, 1]); without it the centres stay zero."""
+    schema, enc, cfg = small(tmp_path, centre_types=True)
+    ck = load(train(events(), schema, enc, cfg, tmp_path / "a", progress=False))
+    norms = ck.weights["encoder.type_centre"].norm(dim=-1)
+    types = list(schema.all_node_types)
+    for t in ("user", "ad", "product"):
+        assert 0.05 < float(norms[types.index(t)]) <= 1.0 + 1e-5
+    assert ck.manifest["metrics"]["primitives_used"][-1] > 1
+    (tmp_path / "b").mkdir()
+    schema, enc, cfg = small(tmp_path / "b")
+    plain = load(train(events(), schema, enc, cfg, tmp_path / "b" / "ck", progress=False))
+    assert not plain.weights["encoder.type_centre"].any()
