@@ -49,7 +49,6 @@ class Prepared:
     action: torch.Tensor
     label: torch.Tensor
     anchors: int
-    sample_s: float
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,7 @@ class BatchPipeline:
         dt = time.perf_counter() - t
         with self._lock:
             self.sample_s += dt
-        return Prepared(step, chunk, cutoff, s, te, src, dst, act, label, len(anchors), dt)
+        return Prepared(step, chunk, cutoff, s, te, src, dst, act, label, len(anchors))
 
     def _apply(self, k: int) -> None:
         idx = self.plan[k][0]
