@@ -52,66 +52,74 @@ def generate_view_mask_mod(doc: torch.Tensor):
     return view_mask_mod
 
 
+CPU_FLEX_BLOCK = 32   # tile on CPU: views of 16-128 nodes waste most of a 128-token tile there
+
+
+def flex_block_size(batch: PackedBatch, device) -> int:
+    """The batch's tile (128) on CUDA; on CPU 32, where the compiled kernel's cost follows
+    the scores it computes: at 4k tokens of 16-128-node views it took 16.6 ms per call with
+    128-token tiles, 10.6 with 64 and 7.9 with 32 (measured here)."""
+    if torch.device(device).type == "cuda":
+        return batch.block_size
+    return min(batch.block_size, CPU_FLEX_BLOCK)
+
+
 def build_block_mask(batch: PackedBatch, device) -> BlockMask:
     """The view-diagonal BlockMask straight from the view offsets (no S x S evaluation)."""
+    block = flex_block_size(batch, device)
     kv_num, kv_idx, full_num, full_idx = (torch.from_numpy(a).to(device)[None, None]
-                                          for a in block_tables(batch))
+                                          for a in block_tables(batch, block))
     S = batch.seq_len
     return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx,
-                                    BLOCK_SIZE=batch.block_size,
+                                    BLOCK_SIZE=block,
                                     mask_mod=generate_view_mask_mod(batch.doc.to(device)),
-                                    seq_lengths=(S, S))
+                                    seq_lengths=(S, S),
+                                    # the q-side tables serve the backward only (an argsort
+                                    # over nb x nb tiles: 14 ms at 16k tokens here)
+                                    compute_q_blocks=torch.is_grad_enabled())
 
 
 # -- score mods ----------------------------------------------------------------------------
-def _pair_index(batch: PackedBatch):
-    doc, base, n, local = batch.doc, batch.tok_base, batch.tok_n, batch.local
-
-    def pair(q_idx, kv_idx):
-        same = doc[q_idx] == doc[kv_idx]
-        return torch.where(same, base[q_idx] + local[q_idx] * n[q_idx] + local[kv_idx], 0)
-    return pair
-
-
-def generate_spd_score_mod(batch: PackedBatch, table: torch.Tensor):
-    pair, spd = _pair_index(batch), batch.spd
-
-    def spd_score_mod(score, b, h, q_idx, kv_idx):
-        return score + table[spd[pair(q_idx, kv_idx)], h]
-    return spd_score_mod
+@dataclass(frozen=True)
+class PairLayout:
+    """What the flex path needs of a batch, computed once per forward and shared by every
+    layer: per query token where its view's pair rows start, per key token its index inside
+    its view, and per entry of the flat per-view tables (T,) the joint (spd, action, recency,
+    type pair) code and the edge weight. A layer turns these into its (H, T) pair bias, so
+    the score mod does one gather per score instead of one per term."""
+    row: torch.Tensor           # (S,) int64 tok_base + local * n (padding: 0)
+    col: torch.Tensor           # (S,) int64 local index (padding: 0)
+    joint: torch.Tensor         # (T,) int32 index into `joint_table`
+    eweight: torch.Tensor       # (T,) float signed log edge weight
 
 
-def generate_edge_score_mod(batch: PackedBatch, action: torch.Tensor, weight: torch.Tensor,
-                            recency: torch.Tensor):
-    pair, et, ew, er = _pair_index(batch), batch.etype, batch.eweight, batch.erec
-
-    def edge_score_mod(score, b, h, q_idx, kv_idx):
-        i = pair(q_idx, kv_idx)
-        return score + action[et[i], h] + ew[i] * weight[h] + recency[er[i], h]
-    return edge_score_mod
-
-
-def generate_type_score_mod(types: torch.Tensor, table: torch.Tensor, n_types: int):
-    def type_score_mod(score, b, h, q_idx, kv_idx):
-        return score + table[types[q_idx] * n_types + types[kv_idx], h]
-    return type_score_mod
+def pair_layout(batch: PackedBatch, bias: GraphBias) -> PairLayout:
+    n_act, n_rec, n_tt = bias.action.shape[0], bias.recency.shape[0], bias.types.shape[0]
+    joint = batch.spd.to(torch.int32, copy=True)     # in place: T is ~1.4M at 16k tokens
+    joint.mul_(n_act).add_(batch.etype).mul_(n_rec).add_(batch.erec).mul_(n_tt)
+    joint.add_(batch.type_q, alpha=bias.n_types).add_(batch.type_k)
+    return PairLayout(row=batch.tok_base + batch.local * batch.tok_n, col=batch.local,
+                      joint=joint, eweight=batch.eweight)
 
 
-def compose_score_mods(*mods):
-    """Apply score mods in turn (each adds its bias)."""
-    def composed(score, b, h, q_idx, kv_idx):
-        for m in mods:
-            score = m(score, b, h, q_idx, kv_idx)
-        return score
-    composed.__name__ = "+".join(getattr(m, "__name__", "mod") for m in mods)
-    return composed
+def pair_bias(lay: PairLayout, bias: GraphBias) -> torch.Tensor:
+    """(H, T) every bias term of every table entry, summed: the layer's small per-view
+    tables, never the packed S x S bias."""
+    per_code = joint_table(bias).T.contiguous()                       # (H, n_codes)
+    out = per_code.index_select(1, lay.joint)
+    if out.requires_grad:
+        return out + bias.weight[:, None] * lay.eweight[None]
+    return out.addcmul_(bias.weight[:, None], lay.eweight[None])
 
 
-def generate_graph_score_mod(batch: PackedBatch, bias: GraphBias):
-    return compose_score_mods(
-        generate_spd_score_mod(batch, bias.spd),
-        generate_edge_score_mod(batch, bias.action, bias.weight, bias.recency),
-        generate_type_score_mod(batch.type_ids, bias.types, bias.n_types))
+def generate_pair_bias_score_mod(row: torch.Tensor, col: torch.Tensor, table: torch.Tensor):
+    """Adds table[h, row[q] + col[kv]]. A pair across views reads some other entry (clamped
+    into the table), which the view mask discards."""
+    last = table.shape[1] - 1
+
+    def pair_bias_score_mod(score, b, h, q_idx, kv_idx):
+        return score + table[h, torch.clamp(row[q_idx] + col[kv_idx], max=last)]
+    return pair_bias_score_mod
 
 
 # -- dense references ------------------------------------------------------------------------
@@ -205,20 +213,23 @@ def compiled_flex():
 
 
 def attend_flex(q, k, v, batch: PackedBatch, bias: GraphBias, block_mask: BlockMask,
-                compiled: bool = True) -> torch.Tensor:
+                compiled: bool = True, pairs: PairLayout | None = None) -> torch.Tensor:
+    """`pairs`: the batch's PairLayout, shared by the layers of one forward (built if None)."""
+    lay = pairs if pairs is not None else pair_layout(batch, bias)
     fn = compiled_flex() if compiled else flex_attention
-    return fn(q, k, v, score_mod=generate_graph_score_mod(batch, bias), block_mask=block_mask)
+    mod = generate_pair_bias_score_mod(lay.row, lay.col, pair_bias(lay, bias))
+    return fn(q, k, v, score_mod=mod, block_mask=block_mask)
 
 
-FLEX_CPU_MIN_VIEW = 64   # below this view size the per-view dense path is faster on CPU
+FLEX_CPU_MIN_VIEW = 32   # below this view size the per-view dense path is faster on CPU
 
 
 def choose_backend(device: torch.device, training: bool, compile_ok: bool = True,
                    max_view: int = 128) -> str:
     """flex_compiled on CUDA always; on CPU, dense_per_view for training (no FlexAttention
-    backward on CPU in this torch) and for inference on small views: with views of 8-16
-    nodes, 128-token tiles are mostly masked and compiled flex took 233 ms per layer at 8k
-    tokens where per-view SDPA took 33 ms (measured here); flex_compiled for larger views."""
+    backward on CPU in this torch) and for inference on small views. Measured here, a
+    2-layer forward with 32-token tiles: 512 views of 16 nodes 33.7 ms per-view dense vs
+    40.2 ms flex; 128 views of 32 nodes 26.4 vs 23.1; 64 views of 64 nodes 45.5 vs 38.9."""
     if device.type == "cuda":
         return "flex_compiled" if compile_ok else "flex_eager"
     if training or max_view < FLEX_CPU_MIN_VIEW:

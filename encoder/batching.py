@@ -26,7 +26,7 @@ _P = (1 << 31) - 1
 
 @dataclass(frozen=True)
 class PackConfig:
-    block_size: int = 128           # FlexAttention tile; sequence buckets are multiples of it
+    block_size: int = 128           # FlexAttention tile on CUDA; sequence buckets are multiples of it
     max_spd: int = 6                # distances above are "far"; one more index = unreachable
     rwse_steps: int = 8             # k-step return probabilities as positional encoding
     recency_buckets: int = 12       # log2(1 + hours) buckets of an edge's age
@@ -170,7 +170,8 @@ class PackedBatch:
     doc (S,) int64 view of each token (V for padding); local (S,) index inside its view;
     tok_base (S,) int64 where its view's tables start; tok_n (S,) its view's size;
     anchor_pos (V,) token of each anchor; type_ids, hop (S,) int64; stats (S, N_STATS);
-    rwse (S, steps); frequent (S,) bool; tables spd/etype/erec (T,) int64, eweight (T,) float.
+    rwse (S, steps); frequent (S,) bool; tables spd/etype/erec (T,) int32, eweight (T,) float,
+    type_q/type_k (T,) int32 node types of the pair (the node-type transition table).
     What depends on the node id alone is stored once per distinct node (U of them; views of
     one batch share many nodes) and found through token_node (S,) (padding -> 0):
     hash_x (U, k); knowledge (U, Dk) + has_knowledge (U,); image (U, Di) + has_image (U,).
@@ -196,6 +197,8 @@ class PackedBatch:
     etype: torch.Tensor
     eweight: torch.Tensor
     erec: torch.Tensor
+    type_q: torch.Tensor
+    type_k: torch.Tensor
     dense_tok: torch.Tensor
     view_sizes: list[int] = field(default_factory=list)
     block_size: int = 128
@@ -250,14 +253,21 @@ def pack(views: Sequence[View], cfg: PackConfig,
     adj = adjacency(views, n_max)
     rw = np.zeros((S, cfg.rwse_steps), np.float32)
     rw[:total] = rwse_batched(adj, cfg.rwse_steps)[vid, loc]
-    spd = np.zeros(T, np.int64)
-    etype = np.zeros(T, np.int64)
+    spd = np.zeros(T, np.int32)              # int32: T is ~1.4M entries at 16k tokens
+    etype = np.zeros(T, np.int32)
     eweight = np.zeros(T, np.float32)
-    erec = np.zeros(T, np.int64)
+    erec = np.zeros(T, np.int32)
     tables = (shortest_paths_batched(adj, cfg.max_spd),) + edge_tables_batched(views, n_max, cfg)
     for out, full in zip((spd, etype, eweight, erec), tables):
         for i, n in enumerate(sizes):              # contiguous copies: cheaper than a gather
             out[tbl_starts[i]:tbl_starts[i] + n * n] = full[i, :n, :n].ravel()
+    # tables are n x n row-major per view: an entry's query token is the token repeated n
+    # times, its key the view's first token + the entry's offset in that row
+    P = int(tbl_sizes.sum())
+    q_tok = np.repeat(np.arange(total, dtype=np.int64), size_arr[vid])
+    k_tok = q_tok - loc[q_tok] + (np.arange(P, dtype=np.int64) - (tok_base + local * tok_n)[q_tok])
+    type_q, type_k = np.zeros(T, np.int32), np.zeros(T, np.int32)
+    type_q[:P], type_k[:P] = type_ids[q_tok], type_ids[k_tok]
     ids = [n for v in views for n in v.nodes]
     uniq = {n: j for j, n in enumerate(dict.fromkeys(ids))}     # views share many nodes
     at = np.fromiter((uniq[n] for n in ids), np.int64, total)
@@ -284,18 +294,21 @@ def pack(views: Sequence[View], cfg: PackConfig,
         stats=t(stats), token_node=t(token_node), hash_x=t(hash_x), rwse=t(rw),
         knowledge=t(kn), has_knowledge=t(has_kn),
         image=t(im), has_image=t(has_im), frequent=t(stats[:, N_STATS - 1] > 0.5),
-        spd=t(spd), etype=t(etype), eweight=t(eweight), erec=t(erec), dense_tok=t(dense_tok),
+        spd=t(spd), etype=t(etype), eweight=t(eweight), erec=t(erec),
+        type_q=t(type_q), type_k=t(type_k), dense_tok=t(dense_tok),
         view_sizes=list(sizes), block_size=cfg.block_size)
 
 
-def block_tables(batch: PackedBatch) -> tuple[np.ndarray, ...]:
+def block_tables(batch: PackedBatch, block_size: int | None = None) -> tuple[np.ndarray, ...]:
     """kv block tables of the view-diagonal mask, from the view offsets alone.
 
     Returns (kv_num, kv_idx, full_num, full_idx): per q tile, the partial tiles (mask needed)
     and the full tiles (q and kv tile both inside one view) it attends to. Shapes are fixed per
     sequence bucket (nb and nb x nb), so compiled kernels see the same shapes every batch.
     """
-    S, B = batch.seq_len, batch.block_size
+    S, B = batch.seq_len, block_size or batch.block_size
+    if S % B:
+        raise ValueError(f"block size {B} does not divide the sequence length {S}")
     nb = S // B
     sizes = np.array(batch.view_sizes + [S - sum(batch.view_sizes)], np.int64)
     sizes = sizes[sizes > 0]
@@ -306,7 +319,8 @@ def block_tables(batch: PackedBatch) -> tuple[np.ndarray, ...]:
     d_first, d_last = doc[tile0], doc[tile0 + B - 1]
     lo = starts[d_first] // B
     hi = (ends[d_last] - 1) // B
-    cand = lo[:, None] + np.arange(nb)[None, :]
+    W = int((hi - lo).max()) + 1                    # most kv tiles one q tile can touch
+    cand = lo[:, None] + np.arange(W)[None, :]
     valid = cand <= hi[:, None]
     cand = np.minimum(cand, nb - 1)
     single_q = d_first == d_last
@@ -316,7 +330,8 @@ def block_tables(batch: PackedBatch) -> tuple[np.ndarray, ...]:
 
     def compact(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         order = np.argsort(~sel, axis=1, kind="stable")
-        idx = np.take_along_axis(cand, order, axis=1).astype(np.int32)
+        idx = np.zeros((nb, nb), np.int32)          # fixed shape per bucket
+        idx[:, :W] = np.take_along_axis(cand, order, axis=1)
         return sel.sum(1).astype(np.int32), idx
 
     kv_num, kv_idx = compact(part)

@@ -74,7 +74,8 @@ class Block(nn.Module):
                                 cfg.pack.recency_buckets, cfg.n_types)
 
     def forward(self, x: torch.Tensor, b: PackedBatch, backend: str, layout) -> torch.Tensor:
-        """`layout`: the BlockMask on the flex paths, the DenseViewLayout on dense_per_view."""
+        """`layout`: (BlockMask, PairLayout) on the flex paths, the DenseViewLayout on
+        dense_per_view."""
         S = x.shape[0]
         q, k, v = self.qkv(self.ln1(x)).view(S, 3, self.h, self.d // self.h).permute(1, 2, 0, 3)
         q, k, v = q[None], k[None], v[None]                       # (1, H, S, hd)
@@ -83,7 +84,8 @@ class Block(nn.Module):
         elif backend == "dense_packed":
             y = A.attend_dense_packed(q, k, v, b, self.bias)
         else:
-            y = A.attend_flex(q, k, v, b, self.bias, layout, compiled=backend == "flex_compiled")
+            y = A.attend_flex(q, k, v, b, self.bias, layout[0], compiled=backend == "flex_compiled",
+                              pairs=layout[1])
         y = y[0].permute(1, 0, 2).reshape(S, self.d)               # (S, d)
         x = x + self.drop(self.proj(y))
         return x + self.drop(self.mlp(self.ln2(x)))
@@ -132,7 +134,7 @@ class HierarchicalEncoder(nn.Module):
         """-> emb (V, d_emb) unit vectors, logits: list of (V, K_l) per level."""
         backend = backend or self.backend(max_view=max(b.view_sizes))
         if backend.startswith("flex"):
-            layout = A.build_block_mask(b, self.device)
+            layout = (A.build_block_mask(b, self.device), A.pair_layout(b, self.blocks[0].bias))
         elif backend == "dense_per_view":
             layout = A.dense_view_layout(b, self.blocks[0].bias)
         else:

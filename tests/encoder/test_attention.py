@@ -110,11 +110,12 @@ def test_no_cross_view_leakage():
     assert torch.equal(o0[..., other, :], o1[..., other, :])
 
 
-def test_block_tables_cover_exactly_the_view_diagonal():
+@pytest.mark.parametrize("B", [128, 32])
+def test_block_tables_cover_exactly_the_view_diagonal(B):
     cfg = PackConfig()
     batch = pack(random_views(8, 30, 20, 120), cfg)
-    kv_num, kv_idx, full_num, full_idx = block_tables(batch)
-    S, B = batch.seq_len, batch.block_size
+    kv_num, kv_idx, full_num, full_idx = block_tables(batch, B)
+    S = batch.seq_len
     nb = S // B
     doc = batch.doc.numpy()
     need = np.zeros((nb, nb), bool)
