@@ -8,8 +8,11 @@ that leaves a token is filtered out at query time by checking the token matrix (
 so an update costs one row write and a few list appends.
 
 Retrieval follows DESIGN.md: union of the postings of the query's tokens (optionally more
-probes of the first codebook), filtered by node type, cut to a bounded candidate set by the
-quantized inner product (lookup tables over the token matrix), re-ranked by exact inner product.
+probes of the first codebook), filtered by node type, re-ranked by exact inner product. The
+first codebook doubles as an IVF layout: compaction orders the rows by their first token, so a
+probed cell is one contiguous block of the embedding matrix, scored exactly by one
+matrix-vector product (at a million 64-d rows, 48 probes score ~190k rows in ~3 ms here).
+Postings outside the probed cells are gathered and scored exactly too.
 """
 from __future__ import annotations
 
@@ -40,13 +43,13 @@ class MemoryIndex:
         self.seq = np.zeros(cap, np.int64)
         self._base: dict[int, np.ndarray] = {}
         self._extra: dict[int, list[int]] = {}
-        # IVF layout of the first codebook, rebuilt by compact(): per cell its rows, their
-        # token rows as int16/int32 (a token is its own index into the flattened lookup table) and
-        # whether each row still sits there; `_cell_pos[row]` is the row's place in its cell
-        self._cell_rows: dict[int, np.ndarray] = {}
-        self._cell_tok: dict[int, np.ndarray] = {}
-        self._cell_valid: dict[int, np.ndarray] = {}
-        self._cell_pos = np.full(cap, -1, np.int64)
+        # IVF layout of the first codebook, rebuilt by compact(): rows [0, _laid) are ordered by
+        # their first token at compaction (`_home`), cell c is rows _cell_start[c]:[c + 1];
+        # a row whose first token has changed since is no longer in its block (`_in_cell`)
+        self._laid = 0
+        self._cell_start: np.ndarray | None = None
+        self._home = np.full(cap, -1, np.int64)
+        self._in_cell = np.zeros(cap, bool)
         self._extra_n = 0
         self.lock = threading.RLock()
 
@@ -59,9 +62,9 @@ class MemoryIndex:
         if need <= cap:
             return
         new = max(need, cap * 2)
-        for name in ("emb", "tokens", "assign", "types", "seq", "_cell_pos"):
+        for name in ("emb", "tokens", "assign", "types", "seq", "_home", "_in_cell"):
             a = getattr(self, name)
-            b = np.full((new,) + a.shape[1:], -1 if name in ("tokens", "assign", "_cell_pos") else 0,
+            b = np.full((new,) + a.shape[1:], -1 if name in ("tokens", "assign", "_home") else 0,
                         a.dtype)
             b[:cap] = a
             setattr(self, name, b)
@@ -80,7 +83,8 @@ class MemoryIndex:
                 old = set()
             else:
                 old = set(self.tokens[row].tolist())
-                self._move_in_cell(row, tokens)
+                if row < self._laid:                # still in its cell's block?
+                    self._in_cell[row] = int(tokens[0]) == self._home[row]
             self.emb[row] = emb
             self.tokens[row] = tokens
             self.assign[row] = assign
@@ -90,18 +94,6 @@ class MemoryIndex:
                 self._extra_n += 1
         if self._extra_n > max(50_000, self.n // 4):
             self.compact()
-
-    def _move_in_cell(self, row: int, tokens: Sequence[int]) -> None:
-        """Keep the row's entry in its first-codebook cell current (or mark it gone)."""
-        pos = self._cell_pos[row]
-        if pos < 0 or self.codebooks is None:
-            return
-        cell = int(self.tokens[row, 0])
-        if int(tokens[0]) == cell:
-            self._cell_tok[cell][pos] = tokens
-        else:
-            self._cell_valid[cell][pos] = False
-            self._cell_pos[row] = -1
 
     def bulk_load(self, ids: Sequence[str], emb: np.ndarray, tokens: np.ndarray,
                   assign: np.ndarray, seq: np.ndarray | None = None) -> None:
@@ -123,9 +115,13 @@ class MemoryIndex:
         self.compact()
 
     def compact(self) -> None:
-        """Rebuild the per-token posting arrays from the token matrix (the truth)."""
+        """Rebuild the per-token posting arrays from the token matrix (the truth); with
+        codebooks, first reorder the rows by first token (the IVF layout). Row numbers change
+        here, so they are only valid under the lock or until the next upsert."""
         with self.lock:
             n, m = self.n, self.m
+            if self.codebooks is not None and n:
+                self._lay_out_cells()
             flat = self.tokens[:n].ravel()
             rows = np.repeat(np.arange(n, dtype=np.int64), m)
             keep = flat >= 0
@@ -137,16 +133,21 @@ class MemoryIndex:
             self._base = {int(t): rows[s:e] for t, s, e in zip(uniq, starts, bounds)}
             self._extra = {}
             self._extra_n = 0
-            self._cell_rows, self._cell_tok, self._cell_valid = {}, {}, {}
-            self._cell_pos[:] = -1
-            if self.codebooks is not None:
-                tok_dtype = np.int16 if self.m << self.nbits <= np.iinfo(np.int16).max else np.int32
-                for t, r in self._base.items():
-                    if t >> self.nbits == 0:            # first codebook: one cell per row
-                        self._cell_rows[t] = r
-                        self._cell_tok[t] = self.tokens[r].astype(tok_dtype)
-                        self._cell_valid[t] = np.ones(len(r), bool)
-                        self._cell_pos[r] = np.arange(len(r))
+
+    def _lay_out_cells(self) -> None:
+        n = self.n
+        order = np.argsort(self.tokens[:n, 0], kind="stable")
+        if (order != np.arange(n)).any():
+            for name in ("emb", "tokens", "assign", "types", "seq"):
+                a = getattr(self, name)
+                a[:n] = a[:n][order]
+            self.ids = [self.ids[i] for i in order]
+            self.rows = {node: j for j, node in enumerate(self.ids)}
+        first = self.tokens[:n, 0]
+        self._cell_start = np.searchsorted(first, np.arange((1 << self.nbits) + 1))
+        self._laid = n
+        self._home[:n] = first
+        self._in_cell[:n] = True
 
     # -- reads (query threads) ------------------------------------------------------------
     def row(self, node: str) -> int | None:
@@ -185,36 +186,34 @@ class MemoryIndex:
                probes: int = 0, max_candidates: int = 2048) -> list[tuple[str, float]]:
         """Nodes sharing tokens with the query, best inner product first.
 
-        Candidates beyond `max_candidates` (at least 4k) are cut by their quantized inner
-        product through a per-query lookup table (asymmetric distance computation: the
-        quantizer is additive, so <q, x> ~ sum_j <q, C_j[code_j]>), and only the survivors are
-        scored exactly; without codebooks, by shared tokens.
+        With codebooks every candidate is scored exactly: the probed first-codebook cells
+        block by block, the other postings by gathering their rows. Without codebooks (cold
+        start) candidates beyond `max_candidates` (at least m * k) are cut by shared tokens
+        before their exact scores.
         """
         q = np.asarray(query, np.float32)
-        limit = max(max_candidates, 4 * k)
+        limit = max(max_candidates, self.m * k)
         with self.lock:
             toks = set(int(t) for t in tokens) | set(self.probe_tokens(q, probes))
             if self.codebooks is not None:
-                rows, rank = self._candidates_ivf(q, toks)
+                rows, scores = self._candidates_ivf(q, toks, limit)
             else:
                 parts = [p for p in (self._token_rows(t) for t in toks) if len(p)]
                 if not parts:
                     return []
                 rows, shared = np.unique(np.concatenate(parts), return_counts=True)
-                rank = shared.astype(np.float32)              # most shared tokens first
-            if not len(rows):
-                return []
+                if len(rows) > limit:                       # most shared tokens first
+                    rows = rows[np.argpartition(-shared, limit - 1)[:limit]]
+                scores = self.emb[rows] @ q
             keep = np.ones(len(rows), bool)
             if types is not None:
-                codes = [self.type_code[t] for t in types if t in self.type_code]
-                keep &= np.isin(self.types[rows], codes)
+                wanted = np.zeros(len(self.type_names) + 1, bool)    # type code -1: unknown
+                wanted[[self.type_code[t] for t in types if t in self.type_code]] = True
+                keep &= wanted[self.types[rows]]
             skip = [self.rows[x] for x in exclude if x in self.rows]
             if skip:
                 keep &= ~np.isin(rows, skip)
-            rows, rank = rows[keep], rank[keep]
-            if len(rows) > limit:
-                rows = rows[np.argpartition(-rank, limit - 1)[:limit]]
-            scores = self.emb[rows] @ q
+            rows, scores = rows[keep], scores[keep]
             kk = min(k, len(rows))
             if kk == 0:
                 return []
@@ -222,34 +221,44 @@ class MemoryIndex:
             best = best[np.argsort(-scores[best], kind="stable")]
             return [(self.ids[rows[i]], float(scores[i])) for i in best]
 
-    def _candidates_ivf(self, q: np.ndarray, toks: set[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Candidate rows and their quantized inner products. Rows of first-codebook cells are
-        scored from the cell's contiguous token block; the postings of other tokens (and rows
-        that joined a cell since the last compaction) by gathering their token rows."""
-        lut = (self.codebooks @ q).ravel()                  # token value -> <q, codeword>
-        cells = {t for t in toks if t >> self.nbits == 0}
-        rows, rank, loose = [], [], []
+    def _candidates_ivf(self, q: np.ndarray, toks: set[int],
+                        limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate rows and their exact inner products. Probed cells are scored block by
+        block; rows that joined a probed cell since the last compaction and the postings of
+        the query's other tokens are gathered (`np.take`: 0.6 ms for 22k rows here, faster
+        than a lookup-table sum over their codes) and scored with repeats, cut to `limit`, and
+        only then deduplicated (a row repeats at most m times, so `limit` >= m * k keeps k)."""
+        cells = sorted(t for t in toks if t >> self.nbits == 0)
+        probed = np.zeros(1 << self.nbits, bool)
+        probed[cells] = True
+        rows, scores, loose = [], [], []
+        for c in cells:
+            s, e = int(self._cell_start[c]), int(self._cell_start[c + 1])
+            if e > s:
+                ok = self._in_cell[s:e]
+                rows.append(np.arange(s, e)[ok])
+                scores.append((self.emb[s:e] @ q)[ok])
+            extra = self._extra.get(c)
+            if extra:
+                x = np.asarray(extra, np.int64)
+                loose.append(x[(self.tokens[x, 0] == c) & ~self._in_cell[x]])
         for t in toks:
-            if t in cells:
-                if t in self._cell_rows:
-                    v = self._cell_valid[t]
-                    rows.append(self._cell_rows[t][v])
-                    rank.append(lut[self._cell_tok[t][v]].sum(1))
-                extra = self._extra.get(t)
-                if extra:
-                    e = np.asarray(extra, np.int64)
-                    loose.append(e[self.tokens[e, 0] == t])
-            else:
+            if t >> self.nbits != 0:
                 r = self._token_rows(t)
-                if len(r):                                  # rows in a probed cell are there
-                    loose.append(r[~np.isin(self.tokens[r, 0], list(cells))] if cells else r)
+                if len(r):                                  # rows of probed cells: scored above
+                    loose.append(r[~probed[self.tokens[r, 0]]])
         if loose:
-            lr = np.unique(np.concatenate(loose))
+            lr = np.concatenate(loose)                      # repeats: a row shares several tokens
+            ls = np.take(self.emb, lr, axis=0) @ q
+            if len(lr) > limit:
+                top = np.argpartition(-ls, limit - 1)[:limit]
+                lr, ls = lr[top], ls[top]
+            lr, first = np.unique(lr, return_index=True)
             rows.append(lr)
-            rank.append(lut[self.tokens[lr]].sum(1))
+            scores.append(ls[first])
         if not rows:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        return np.concatenate(rows), np.concatenate(rank)
+        return np.concatenate(rows), np.concatenate(scores)
 
     def similar(self, node: str, k: int = 20, types: Iterable[str] | None = None,
                 probes: int = 0) -> list[tuple[str, float]] | None:

@@ -1,4 +1,5 @@
-"""Retrieval from the in-memory index: the candidate cut keeps the true neighbours."""
+"""Retrieval from the in-memory index: candidates keep the true neighbours, the IVF layout
+stays consistent through updates and compactions."""
 import numpy as np
 
 from encoder.quantize import BoMQuantizer, QuantizerConfig
@@ -30,17 +31,32 @@ def _recall(ix, x, quant, queries, k, **kw):
     return float(np.mean(hits))
 
 
-def test_quantized_cut_keeps_the_exact_neighbours_among_many_candidates():
+def test_probed_cells_and_postings_keep_the_neighbours_under_a_small_cut():
     x, quant = _world()
     ix = _index(x, quant)
     queries = range(0, 6000, 150)
-    everything = _recall(ix, x, quant, queries, 20, probes=64, max_candidates=10_000)
-    cut = _recall(ix, x, quant, queries, 20, probes=64, max_candidates=120)   # 2% of the items
-    assert everything == 1.0                     # all 64 first-codebook cells probed: exact
+    # all 64 first-codebook cells probed: every row scored exactly, whatever the cut
+    assert _recall(ix, x, quant, queries, 20, probes=64, max_candidates=120) == 1.0
+    # no probes: the query's own cell, plus the postings of its other tokens, all scored
+    # exactly and cut to 2% of the items
+    cut = _recall(ix, x, quant, queries, 20, probes=0, max_candidates=120)
     assert cut >= 0.9, cut
-    # cutting by shared tokens (no codebooks) is the weaker rule the lookup tables replace
+    # cutting by shared tokens before scoring (no codebooks: cold start) is the weaker rule
     weak = _recall(_index(x, quant, codebooks=False), x, quant, queries, 20, max_candidates=120)
     assert cut > weak
+
+
+def test_compaction_lays_each_cell_out_contiguously_and_keeps_every_node():
+    x, quant = _world(n=3000)
+    ix = _index(x, quant)
+    first = ix.tokens[:ix.n, 0]
+    assert (np.diff(first) >= 0).all()                  # rows ordered by first token
+    for c in np.unique(first)[:5]:
+        s, e = ix._cell_start[c], ix._cell_start[c + 1]
+        assert (first[s:e] == c).all() and e - s == (first == c).sum()
+    for i in range(0, 3000, 97):                        # ids, rows and arrays still agree
+        got = ix.get(f"ad:{i}")
+        assert np.allclose(got["embedding"], x[i]) and got["tokens"] == quant.tokens(x[i:i + 1])[0].tolist()
 
 
 def test_results_are_sorted_by_exact_inner_product_and_exclude_the_query():
@@ -71,7 +87,7 @@ def test_updates_between_compactions_are_found_and_stale_cells_are_not():
     for i, v in enumerate(fresh):
         ix.upsert(f"ad:{3000 + i}", v, quant.tokens(v[None])[0].tolist(), [0], 1)
     x = np.concatenate([x, fresh])
-    assert ix._extra_n and len(ix._cell_rows)           # not compacted: both paths in use
+    assert ix._extra_n and ix._laid                     # not compacted: both paths in use
     for q in list(moved[:20]) + list(range(3000, 3020)):
         res = ix.search(x[q], quant.tokens(x[q:q + 1])[0].tolist(), 10, probes=64,
                         max_candidates=10_000)
@@ -80,3 +96,17 @@ def test_updates_between_compactions_are_found_and_stale_cells_are_not():
         assert np.allclose([s for _, s in res], exact, atol=1e-5)
         for node, s in res:                              # scored with current embeddings
             assert abs(float(x[int(node.split(":")[1])] @ x[q]) - s) < 1e-5
+
+
+def test_a_row_that_leaves_its_cell_and_returns_is_found_once():
+    x, quant = _world(n=2000)
+    ix = _index(x, quant)
+    toks = quant.tokens(x)
+    r = 7
+    other = int(np.flatnonzero(toks[:, 0] != toks[r, 0])[0])
+    ix.upsert(f"ad:{r}", x[other], toks[other].tolist(), [0], 1)     # moves to another cell
+    ix.upsert(f"ad:{r}", x[r], toks[r].tolist(), [0], 2)             # and back
+    res = ix.search(x[r], toks[r].tolist(), 50, probes=64, max_candidates=10_000)
+    nodes = [i for i, _ in res]
+    assert nodes.count(f"ad:{r}") == 1 and len(set(nodes)) == len(nodes)
+    assert ix._in_cell[ix.row(f"ad:{r}")]                             # back in its block
