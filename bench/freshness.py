@@ -39,6 +39,8 @@ from streams.synth import SynthConfig, SynthWorld  # noqa: E402
 from streams.topics import Topics, ensure_topics  # noqa: E402
 from tests.streams.worker_proc import WorkerProcess  # noqa: E402
 
+POLL_S = 0.005   # consumer poll timeout of the measuring clients (see `listen`)
+
 
 def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
     """Latency of a plain produce -> consume at `rate` (ms)."""
@@ -53,9 +55,10 @@ def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
 
     def consume():
         while not stop.is_set():
-            for m in c.consume(1000, timeout=0.1):
-                if m.error() is None and m.value() != b"warm":
-                    lat.append(time.time() * 1000 - float(m.value()))
+            msgs = c.consume(1000, timeout=POLL_S)
+            now = time.time() * 1000
+            lat.extend(now - float(m.value()) for m in msgs
+                       if m.error() is None and m.value() != b"warm")
 
     t = threading.Thread(target=consume)
     t.start()
@@ -89,9 +92,13 @@ def run_rate(cfg, worker, rate, seconds, seed):
     sub.poll(3.0)                                   # join before the stream starts
 
     def listen():
+        # short polls, the clock read after each returns: a consume call waits out its whole
+        # timeout unless the batch fills, so a long timeout skews every latency by up to it
+        # (a clock read before a 200 ms poll made some latencies negative)
         while not stop.is_set():
+            batch = sub.poll(POLL_S)
             now = time.time() * 1000
-            got.extend((c.node, c.event_ts, now - c.event_ts) for c in sub.poll(0.2))
+            got.extend((c.node, c.event_ts, now - c.event_ts) for c in batch)
 
     def remember(items):
         for it in items:
