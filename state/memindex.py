@@ -233,7 +233,9 @@ class MemoryIndex:
         probed[cells] = True
         rows, scores, loose = [], [], []
         for c in cells:
-            s, e = int(self._cell_start[c]), int(self._cell_start[c + 1])
+            s = e = 0                                       # no layout before the first compaction
+            if self._cell_start is not None:
+                s, e = int(self._cell_start[c]), int(self._cell_start[c + 1])
             if e > s:
                 ok = self._in_cell[s:e]
                 rows.append(np.arange(s, e)[ok])

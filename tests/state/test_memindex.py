@@ -110,3 +110,14 @@ def test_a_row_that_leaves_its_cell_and_returns_is_found_once():
     nodes = [i for i, _ in res]
     assert nodes.count(f"ad:{r}") == 1 and len(set(nodes)) == len(nodes)
     assert ix._in_cell[ix.row(f"ad:{r}")]                             # back in its block
+
+
+def test_rows_upserted_before_any_compaction_are_found():
+    x, quant = _world(n=500)
+    ix = MemoryIndex(0, "t", x.shape[1], 4, 1, ["ad"], nbits=6, codebooks=quant.codebooks_array())
+    ix.compact()                                        # empty: no layout yet
+    toks = quant.tokens(x)
+    for i in range(50):
+        ix.upsert(f"ad:{i}", x[i], toks[i].tolist(), [0], 1)
+    res = ix.search(x[3], toks[3].tolist(), 5, probes=64)
+    assert res[0][0] == "ad:3" and abs(res[0][1] - 1.0) < 1e-5
