@@ -110,7 +110,8 @@ def main() -> None:
                     torch.cuda.synchronize()
                 t3 = time.perf_counter()
                 if i == 0:
-                    print(f"first batch (compile) {t3 - t0:.1f}s, backend {model.backend(max_view=max(batch.view_sizes))}", flush=True)
+                    backend = model.backend(max_view=max(batch.view_sizes))
+                    print(f"first batch (compile) {t3 - t0:.1f}s, backend {backend}", flush=True)
                     continue
                 sizes.append(np.mean([v.size for v in views]))
                 for k, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t3 - t0)):

@@ -106,10 +106,8 @@ def pair_bias(lay: PairLayout, bias: GraphBias) -> torch.Tensor:
     """(H, T) every bias term of every table entry, summed: the layer's small per-view
     tables, never the packed S x S bias."""
     per_code = joint_table(bias).T.contiguous()                       # (H, n_codes)
-    out = per_code.index_select(1, lay.joint)
-    if out.requires_grad:
-        return out + bias.weight[:, None] * lay.eweight[None]
-    return out.addcmul_(bias.weight[:, None], lay.eweight[None])
+    # in place on index_select's own output: its backward needs neither tensor's old values
+    return per_code.index_select(1, lay.joint).addcmul_(bias.weight[:, None], lay.eweight[None])
 
 
 def generate_pair_bias_score_mod(row: torch.Tensor, col: torch.Tensor, table: torch.Tensor):
@@ -179,16 +177,14 @@ def dense_view_layout(batch: PackedBatch, bias: GraphBias) -> DenseViewLayout:
     t = tok.clamp(min=0)
     n = t.shape[1]
     q, kv = t[:, :, None].expand(-1, -1, n), t[:, None, :].expand(-1, n, -1)
+    pairs = pair_layout(batch, bias)
     same = batch.doc[q] == batch.doc[kv]
-    i = torch.where(same, batch.tok_base[q] + batch.local[q] * batch.tok_n[q] + batch.local[kv], 0)
-    ty = batch.type_ids[t]
-    n_act, n_rec, n_tt = bias.action.shape[0], bias.recency.shape[0], bias.types.shape[0]
-    joint = ((batch.spd[i] * n_act + batch.etype[i]) * n_rec + batch.erec[i]) * n_tt \
-        + ty[:, :, None] * bias.n_types + ty[:, None, :]
+    i = torch.where(same, pairs.row[q] + pairs.col[kv], 0)     # padding slots: masked below
     pair_ok = valid[:, :, None] & valid[:, None, :]
     mask = torch.zeros(pair_ok.shape, dtype=batch.eweight.dtype, device=t.device)
     mask = mask.masked_fill(~pair_ok & valid[:, :, None], float("-inf"))[:, None]
-    return DenseViewLayout(tok=t, valid=valid, joint=joint, eweight=batch.eweight[i], mask=mask)
+    return DenseViewLayout(tok=t, valid=valid, joint=pairs.joint[i], eweight=batch.eweight[i],
+                           mask=mask)
 
 
 def attend_dense_per_view(q, k, v, batch: PackedBatch, bias: GraphBias,
