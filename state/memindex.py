@@ -151,6 +151,8 @@ class MemoryIndex:
 
     # -- reads (query threads) ------------------------------------------------------------
     def row(self, node: str) -> int | None:
+        """The node's row: valid until the next compaction (which reorders rows), so other
+        threads read a node through `get` / `similar`, which hold the lock."""
         return self.rows.get(node)
 
     def get(self, node: str) -> dict | None:

@@ -81,12 +81,11 @@ class QueryService:
         probes = _int(params, "probes", 48, 0, 4096)
         types = self._types(params) or ["ad", "product"]
         mem = self.refresh.memory
-        row = mem.row(user)
-        if row is None:
-            raise QueryError(404, f"{user} is not in the index")
         t0 = time.perf_counter()
-        hits = mem.search(mem.emb[row].copy(), mem.tokens[row].tolist(), k, types,
-                          exclude=[user], probes=probes)
+        # reads the user's row under the index lock: a compaction reorders rows
+        hits = mem.similar(user, k, types, probes=probes)
+        if hits is None:
+            raise QueryError(404, f"{user} is not in the index")
         return {"user": user, "model": mem.model, "types": types,
                 "took_ms": round((time.perf_counter() - t0) * 1000, 3),
                 "results": [{"node": n, "score": round(s, 6)} for n, s in hits]}
@@ -123,14 +122,14 @@ class QueryService:
         if mem.prototypes is None:
             raise QueryError(409, "no checkpoint is serving yet: primitives do not exist (cold start)")
         p = _int(params, "prim", None, 0, len(mem.prototypes[lv]) - 1)
-        row = mem.row(node)
-        if row is None:
+        rec = mem.get(node)                  # one consistent row (a compaction reorders rows)
+        if rec is None:
             raise QueryError(404, f"{node} is not in the index")
         weights = self.refresh.supergraph.node_primitives(mem.gen, node, lv, int(time.time() * 1000))
         total = sum(abs(w) for w in weights.values())
-        cos = float(np.dot(mem.emb[row], mem.prototypes[lv][p]))
+        cos = float(np.dot(rec["embedding"], mem.prototypes[lv][p]))
         return {"node": node, "level": lv, "primitive": p, "cosine": round(cos, 6),
-                "assigned": int(mem.assign[row, lv]) == p,
+                "assigned": rec["assign"][lv] == p,
                 "behaviour_weight": round(weights.get(p, 0.0), 6),
                 "behaviour_share": round(abs(weights.get(p, 0.0)) / total, 6) if total else 0.0}
 
