@@ -28,6 +28,17 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def set_cpu_threads(n: int) -> None:
+    """Torch's and faiss's threads for serving on CPU (0: their default, one per core). A
+    worker's micro-batches are small matrices, and the worker shares its cores with ingest
+    and often a broker: extra threads there mostly spin (measured in bench/freshness.py:
+    1 thread refreshed 1,568 nodes/s at 2,000 ev/s where 2 threads did 1,272)."""
+    if n > 0:
+        import faiss
+        torch.set_num_threads(n)
+        faiss.omp_set_num_threads(n)
+
+
 @dataclass
 class ServingModel:
     id: str

@@ -120,6 +120,12 @@ class ViewSampler:
                 cache.popitem(last=False)
         return {n: cache[n] for n in ids}
 
+    def states(self, ids: list[str]) -> list[NodeState | None]:
+        """The records `sample` read (cached): a caller that encodes the anchors' views and
+        also needs their records reads them once."""
+        got = self._states(ids)
+        return [got[n] for n in ids]
+
     def invalidate(self, node_ids) -> None:
         """Forget cached records of nodes whose state changed."""
         for n in node_ids:
@@ -144,7 +150,7 @@ class ViewSampler:
 
     def _compute(self, s: NodeState, cutoff: int) -> "_NodeInfo":
         best: dict[str, float] = {}
-        by_nbr: dict[str, list] = {}
+        by_nbr: dict[str, tuple] = {}
         rates, rec, exp, codes = self.rates, self._recency, math.exp, self.action_index
         deg = [0, 0]
         for (nbr, action, d), (w, tref, _, first) in s.edges.items():
@@ -156,7 +162,9 @@ class ViewSampler:
             imp = abs(wt) * exp(-rec * dt)
             if imp > best.get(nbr, 0.0):
                 best[nbr] = imp
-            by_nbr.setdefault(nbr, []).append((codes[action], d, wt, dt))
+            # tuples, not lists: a tuple of numbers drops out of the cyclic GC, and this cache
+            # holds ~100 of them per node (lists made full collections scan millions)
+            by_nbr[nbr] = by_nbr.get(nbr, ()) + ((codes[action], d, wt, dt),)
             deg[d] += 1
         day = 86_400_000.0
         stats = (math.log1p(s.events), math.log1p(deg[OUT]), math.log1p(deg[IN]),

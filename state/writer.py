@@ -33,7 +33,7 @@ class GraphWriter:
         self.rates = store.rates
         self.signs = {a: spec.sign for a, spec in store.schema.all_actions.items()}
         self._cache: OrderedDict[str, NodeState] = OrderedDict()
-        self._changed: set[str] = set()
+        self._changed: dict[str, int] = {}   # node -> its oldest event since the last commit
         self.dirty: dict[str, int] = store.reader.dirty()   # mirror of the dirty CF
         self._dirty_new: dict[str, int] = {}
         self.offsets: dict[tuple[str, int], int] = store.reader.offsets()
@@ -110,7 +110,9 @@ class GraphWriter:
                 touch(dst, first)
 
     def _touch(self, node_id: str, ts: int) -> None:
-        self._changed.add(node_id)
+        p = self._changed.get(node_id)
+        if p is None or ts < p:
+            self._changed[node_id] = ts
         old = self.dirty.get(node_id)
         if old is None or ts < old:
             self.dirty[node_id] = ts
@@ -186,22 +188,33 @@ class GraphWriter:
 
     # -- dirty nodes for the refresh loop ---------------------------------------------------
     def claim_dirty(self, limit: int) -> dict[str, int]:
-        """Take up to `limit` dirty nodes (oldest marker first in insertion order) whose
-        state is durable: nodes changed since the last commit wait for the next one, so a
-        refresh never encodes a state that a crash could still take back. A node touched
-        again after the claim is dirty again (its marker is kept by `release_claimed`)."""
+        """Take up to `limit` dirty nodes (oldest marker first in insertion order) with
+        durable events to refresh: the refresh reads committed state only, so a refresh never
+        encodes a state that a crash could still take back. A node changed since the last
+        commit whose marker is older than those changes is claimed for its durable part and
+        stays dirty, marked with its oldest uncommitted event, for the rest (a hub touched
+        between every two commits would otherwise wait until a commit window misses it); one
+        whose every pending event is uncommitted waits for the commit. A node touched again
+        after the claim is dirty again, so `settled` keeps its marker."""
         with self.lock:
             out: dict[str, int] = {}
+            again: dict[str, int] = {}
             pending = self._changed
             entities = self._entities_new
             for n, ts in self.dirty.items():
-                if n in pending or n in entities:
+                if n in entities:
                     continue
+                p = pending.get(n)
+                if p is not None:
+                    if ts >= p:
+                        continue
+                    again[n] = p
                 out[n] = ts
                 if len(out) >= limit:
                     break
             for n in out:
                 del self.dirty[n]
+            self.dirty.update(again)
             return out
 
     def settled(self, claimed: dict[str, int]) -> list[str]:

@@ -63,17 +63,23 @@ class RefreshConfig:
     batch_max: int = 512                # nodes per micro-batch
     batch_wait_ms: int = 50             # longest wait for dirty nodes before a smaller batch
     neighbor_rate: float = 500.0        # neighbour refreshes per second (endpoints: always)
+    neighbor_batch_max: int = 64        # most neighbours per micro-batch: what they add to its time
     neighbors_per_node: int = 4         # heaviest neighbours queued when a node's tokens move
     swap_rate: float = 5000.0           # background re-encodes per second during a hot swap
     checkpoint: str = ""                # checkpoint to serve at first start (else cold start)
     device: str = "auto"                # auto (CUDA when present), cpu, cuda
+    cpu_threads: int = 1                # torch threads when encoding on CPU (0: one per core)
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.batch_max < 1 or self.batch_wait_ms < 0:
             raise ValueError("refresh.batch_max must be >= 1 and batch_wait_ms >= 0")
-        if self.neighbor_rate < 0 or self.swap_rate <= 0 or self.neighbors_per_node < 0:
-            raise ValueError("refresh.neighbor_rate and neighbors_per_node must be >= 0, swap_rate > 0")
+        if self.neighbor_rate < 0 or self.swap_rate <= 0 or self.neighbors_per_node < 0 \
+                or self.neighbor_batch_max < 0:
+            raise ValueError("refresh.neighbor_rate, neighbor_batch_max and neighbors_per_node "
+                             "must be >= 0, swap_rate > 0")
+        if self.cpu_threads < 0:
+            raise ValueError("refresh.cpu_threads must be >= 0")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"refresh.device must be auto, cpu or cuda, got {self.device!r}")
 

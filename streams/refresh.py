@@ -21,7 +21,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from encoder.checkpoint import CheckpointError
-from encoder.serving import ServingModel, default_device
+from encoder.serving import ServingModel, default_device, set_cpu_threads
 from state.graph import GraphStore
 from state.index import (ACTIVE_KEY, ANNOUNCE_PASS_KEY, BUILDING_KEY, IndexRecord, TokenIndex,
                          delete_outbox)
@@ -64,6 +64,8 @@ class RefreshLoop:
         self.supergraph = SuperGraph(self.index)
         self.sampler = ViewSampler(store.reader, cfg.schema, STUDENT, seed=self.rcfg.seed)
         self.device = default_device() if self.rcfg.device == "auto" else self.rcfg.device
+        if str(self.device) == "cpu":
+            set_cpu_threads(self.rcfg.cpu_threads)
         self.producer = producer or clients.producer(cfg.kafka, **{"linger.ms": 1})
         self._delivery_errors: list[str] = []
         self.swap_requests: deque[dict] = deque()
@@ -158,7 +160,11 @@ class RefreshLoop:
                 self.writer.committed.wait(self.rcfg.batch_wait_ms / 1000)
             claimed = self.writer.claim_dirty(self.rcfg.batch_max)
         nodes = dict(claimed)
-        for n, ts in self._take_neighbors(self.rcfg.batch_max - len(nodes)):
+        for n in claimed:             # refreshed now anyway: its neighbour request is served
+            self._neighbors.pop(n, None)   # too; the change carries the node's own event time
+        # neighbours never fill a batch: the endpoints that arrive while it runs wait for it
+        room = min(self.rcfg.batch_max - len(nodes), self.rcfg.neighbor_batch_max)
+        for n, ts in self._take_neighbors(room):
             nodes.setdefault(n, ts)
         done = 0
         if nodes:
@@ -185,7 +191,7 @@ class RefreshLoop:
         self.sampler.invalidate(ids)
         views = self.sampler.sample(ids, ts)
         know = self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
-        states = self.store.reader.states(ids)
+        states = self.sampler.states(ids)             # read by `sample` just now
         batch = self.index.batch()
         out = self._write(batch, self.gen, self.active, self.memory, ids, views, know, states,
                           nodes, ts, publish=True)
@@ -232,17 +238,18 @@ class RefreshLoop:
             batch.put_record(gen, rec, old)
             out.append((rec, change))
         if model.encoder is not None:                  # primitives exist only with a checkpoint
-            new_assign = {rec.node: rec.assign for rec, _ in out}
-
-            def assign_of(node):
-                a = new_assign.get(node)
-                if a is not None:
-                    return a
-                r = memory.row(node)
-                return None if r is None else memory.assign[r].tolist()
-
-            self.supergraph.update(batch, gen, [(s, new_assign[s.id]) for s in states if s is not None],
-                                   assign_of)
+            # every neighbour's assignment, looked up once for the batch: this batch's own,
+            # else the index's (one gather), else none
+            by_node = {rec.node: rec.assign for rec, _ in out}
+            rows = memory.rows
+            found = [(n, rows[n]) for n in {nbr for s in states if s is not None
+                                            for nbr, _a, _d in s.edges}
+                     if n not in by_node and n in rows]
+            if found:
+                names, where = zip(*found)
+                by_node.update(zip(names, memory.assign[list(where)].tolist()))
+            self.supergraph.update(batch, gen, [(s, by_node[s.id]) for s in states if s is not None],
+                                   by_node.get)
         return out
 
     @staticmethod
@@ -255,6 +262,8 @@ class RefreshLoop:
 
     # -- neighbours within a rate budget --------------------------------------------------
     def _queue_neighbors(self, moved, states, event_ts) -> None:
+        """Queue the heaviest neighbours of nodes whose tokens moved. Nodes of this batch
+        are skipped: their views were sampled after the event, so they already see it."""
         k = self.rcfg.neighbors_per_node
         if not k or not self.rcfg.neighbor_rate:
             return
@@ -265,7 +274,7 @@ class RefreshLoop:
                 continue
             heavy = sorted(s.edges.items(), key=lambda kv: -abs(kv[1][0]))[:k]
             for (nbr, _a, _d), _ in heavy:
-                if nbr not in self._neighbors:
+                if nbr not in self._neighbors and nbr not in event_ts:
                     self._neighbors[nbr] = event_ts[n]
         while len(self._neighbors) > 100_000:          # bounded: oldest requests go first
             self._neighbors.popitem(last=False)
@@ -354,7 +363,7 @@ class RefreshLoop:
             ts = now_ms()
             views = self.sampler.sample(ids, ts)
             know = self.store.reader.knowledge(sorted({x for v in views for x in v.nodes}))
-            states = self.store.reader.states(ids)
+            states = self.sampler.states(ids)             # read by `sample` just now
             olds = {r.node: r for r in self.index.records(self.gen, ids) if r is not None}
             event_ts = {i: (olds[i].event_ts if i in olds else ts) for i in ids}
             batch = self.index.batch()

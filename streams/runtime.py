@@ -28,6 +28,14 @@ def tune_gc() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
+def freeze_startup_objects() -> None:
+    """Move what start-up allocated (torch and its modules, the model, the index) out of the
+    cyclic GC's reach: it lives as long as the process, and every full collection would
+    otherwise walk it (measured: a 0.7 s pause of the refresh thread in bench/freshness.py)."""
+    gc.collect()
+    gc.freeze()
+
+
 def _text_encoder(enabled: bool):
     """The MiniLM text encoder, or None when world knowledge is switched off."""
     if not enabled:
@@ -89,6 +97,7 @@ class WorkerRuntime:
         from streams.refresh import RefreshLoop
         self.refresh = RefreshLoop(self.cfg, self.store, self.writer, self.topics)
         self.query = QueryService(self.refresh)
+        freeze_startup_objects()
         self.refresh.start()
         self.watcher = CheckpointWatcher(self.cfg, self.refresh.request_swap)
         self.watcher.start()

@@ -32,6 +32,15 @@ def make_config(tmp_path, bootstrap="127.0.0.1:9", partitions=4, **sections) -> 
     return build(HirflowConfig, data)
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """A refresh loop sets torch's process-wide CPU threads: later tests get theirs back."""
+    import torch
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def cfg(tmp_path, broker):
     """A config on the session broker with its own topic prefix and state dir; topics created."""

@@ -137,6 +137,48 @@ def test_a_node_dirtied_again_while_it_is_encoded_stays_dirty(cfg, tiny_world):
         store.close()
 
 
+def test_a_hub_touched_between_every_two_commits_is_refreshed_for_its_durable_part(cfg, tiny_world):
+    """A node with uncommitted changes is claimed for what is already committed and stays
+    dirty (durably too) for the rest; a node whose every pending event is uncommitted waits."""
+    store, writer, loop = loop_over(cfg, tiny_world[:200])
+    try:
+        settle(loop)
+        hub, t = loop.memory.ids[0], max(e.ts for e in tiny_world[:200])
+        writer.apply_batch([(Engagement(hub, "ad:x1", "click", t + 10, 1.0), 3)])
+        writer.commit()
+        writer.apply_batch([(Engagement(hub, "ad:x2", "click", t + 20, 1.0), 3)])   # not durable
+        claimed = writer.claim_dirty(10_000)
+        assert claimed[hub] == t + 10 and writer.dirty[hub] == t + 20
+        assert "ad:x1" in claimed and "ad:x2" not in claimed
+        loop.refresh(claimed, claimed)
+        assert loop.index.records(loop.gen, [hub])[0].event_ts == t + 10
+        assert hub in store.reader.dirty() and "ad:x1" not in store.reader.dirty()
+        writer.commit()
+        writer.apply_batch([(Engagement("ad:x3", "ad:x4", "click", t + 30, 1.0), 3)])
+        again = writer.claim_dirty(10_000)
+        assert again[hub] == t + 20 and not {"ad:x3", "ad:x4"} & set(again)
+        writer.unclaim(again)
+        writer.commit()
+        settle(loop)
+        assert loop.index.records(loop.gen, [hub])[0].event_ts == t + 20
+        assert not store.reader.dirty() and not writer.dirty
+    finally:
+        loop.close()
+        store.close()
+
+
+def test_refresh_on_cpu_uses_the_configured_torch_threads(cfg):
+    import torch
+    for threads, want in ((1, 1), (0, 2)):
+        torch.set_num_threads(2)
+        store, _, loop = loop_over(replace_section(cfg, "refresh", cpu_threads=threads, device="cpu"))
+        try:
+            assert torch.get_num_threads() == want
+        finally:
+            loop.close()
+            store.close()
+
+
 def test_cli_subscribe_prints_changes_and_export_writes_the_index(cfg, tiny_world, tmp_path):
     import json
 
@@ -163,3 +205,29 @@ def test_cli_subscribe_prints_changes_and_export_writes_the_index(cfg, tiny_worl
     assert d["emb"].shape == (len(d["ids"]), 64) and d["tokens"].shape[1] == 8
     r = CliRunner().invoke(cli, base + ["export", "--out", str(tmp_path / "e.jsonl")])
     assert r.exit_code == 0 and len((tmp_path / "e.jsonl").read_text().splitlines()) == n
+
+
+def test_neighbours_of_a_moved_node_are_queued_once_and_served_by_a_dirty_claim(cfg, tiny_world):
+    """The heaviest neighbours of a node whose tokens moved are queued with its event time,
+    except those refreshed in the same batch (their views already see the event); a queued
+    neighbour that turns dirty is refreshed once, as an endpoint (its own event time)."""
+    store, writer, loop = loop_over(cfg, tiny_world[:300])
+    try:
+        settle(loop)
+        states = store.reader.states(loop.memory.ids)
+        hub = max((s for s in states if s is not None), key=lambda s: len(s.edges))
+        heavy = [nbr for (nbr, _a, _d), _ in
+                 sorted(hub.edges.items(), key=lambda kv: -abs(kv[1][0]))][:loop.rcfg.neighbors_per_node]
+        heavy = list(dict.fromkeys(heavy))
+        assert len(heavy) >= 2
+        loop._queue_neighbors([hub.id], [hub], {hub.id: 5, heavy[0]: 5})
+        assert list(loop._neighbors) == heavy[1:] and set(loop._neighbors.values()) == {5}
+        nbr = heavy[1]
+        writer.apply_batch([(Engagement(nbr, "ad:fresh", "click", 9_000, 1.0), 3)])
+        writer.commit()
+        loop.run_once()
+        assert nbr not in loop._neighbors
+        assert loop.index.records(loop.gen, [nbr])[0].event_ts == 9_000
+    finally:
+        loop.close()
+        store.close()
