@@ -112,7 +112,10 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path):
         status, body = w.get("/health")
         assert status == 200 and json.loads(body)["ok"]
         w.wait_metric("hirflow_events_dead_lettered_total", 1)
-        m = w.metrics()
+        deadline = time.monotonic() + 10          # the lag gauge is sampled every
+        while "hirflow_consumer_lag" not in (m := w.metrics()):   # metrics_interval_s
+            assert time.monotonic() < deadline, "hirflow_consumer_lag never exported"
+            time.sleep(0.1)
         for name in ("hirflow_events_consumed_total", "hirflow_ingest_batch_seconds_count",
                      "hirflow_state_bytes", "hirflow_dirty_nodes", "hirflow_consumer_lag"):
             assert name in m, name
