@@ -1,8 +1,8 @@
 """Freshness benchmark: event produced -> token change received by a subscriber.
 
 Starts the embedded broker and a real worker process (refresh on; `--checkpoint` to serve a
-trained model, else cold start), streams the synthetic world at fixed rates with event time =
-production time, and measures per token change `received - event_ts` in a subscriber, for
+trained model, else cold start), streams one synthetic world at fixed rates, one phase per
+rate after a warm-up that takes the world's catalog burst, with event time = production time, and measures per token change `received - event_ts` in a subscriber, for
 all changes and for endpoint changes alone (nodes the event touched; the rest are neighbour
 refreshes paced by `refresh.neighbor_rate`). The
 peer, measured in the same run: Kafka alone (produce -> consume on a plain topic, same
@@ -16,6 +16,7 @@ Writes var/bench/freshness.png; the last line printed is one JSON object of the 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -78,17 +79,18 @@ def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
     return lat
 
 
-def run_rate(cfg, worker, rate, seconds, seed):
-    """Returns (latency ms per change, endpoint mask, refresh nodes/s, backlog samples, grows).
+def run_rate(cfg, worker, stream, rate, seconds, phase):
+    """Returns (latency ms per change, endpoint mask, (node, event_ts, latency) per change,
+    refresh nodes/s, backlog samples, grows).
 
     A change is an endpoint change when its node was touched by an event (an engagement's
-    endpoint, an entity record) with exactly its `event_ts` (the node's oldest pending event);
-    otherwise it is a neighbour refresh, which
+    endpoint, an entity record) with exactly its `event_ts` (the node's oldest pending event)
+    and is the first such change; otherwise it is a neighbour refresh, which
     carries the event time of the node whose move queued it and waits for the neighbour budget.
     """
     got, stop = [], threading.Event()
     touched: set[tuple[str, int]] = set()
-    sub = Subscriber(cfg, group_id=f"bench-fresh-{rate}-{seed}", from_start=False)
+    sub = Subscriber(cfg, group_id=f"bench-fresh-{rate}-{phase}", from_start=False)
     sub.poll(3.0)                                   # join before the stream starts
 
     def listen():
@@ -111,12 +113,11 @@ def run_rate(cfg, worker, rate, seconds, seed):
 
     t = threading.Thread(target=listen)
     t.start()
-    world = SynthWorld(SynthConfig(events=int(rate * seconds), seed=seed,
-                                   start_ms=int(time.time() * 1000), span_days=seconds / 86400))
     m0 = worker.metrics()
     t0, start_ms = time.monotonic(), int(time.time() * 1000)
     backlog = []
-    prod = threading.Thread(target=produce, args=(cfg, remember(stamped_now(world.stream()))),
+    items = itertools.islice(stream, int(rate * seconds))
+    prod = threading.Thread(target=produce, args=(cfg, remember(stamped_now(items))),
                             kwargs={"rate": rate, "progress": False})
     prod.start()
     while prod.is_alive():
@@ -139,8 +140,13 @@ def run_rate(cfg, worker, rate, seconds, seed):
     grows = bool(backlog and np.median(backlog[half:]) > 2 * max(1.0, np.median(backlog[:half])) + 500)
     mine = [g for g in got if g[1] >= start_ms]     # not the tail of an earlier phase
     lat = np.array([x for _, _, x in mine])
-    endpoint = np.array([(n, ts) in touched for n, ts, _ in mine], bool)
-    return lat, endpoint, refreshed / elapsed, backlog, grows
+    seen: set[tuple[str, int]] = set()               # the first change per (node, event) is the
+    endpoint = np.zeros(len(mine), bool)             # endpoint's; later ones with the same
+    for i, (n, ts, _) in enumerate(mine):            # stamp are neighbour refreshes of a node
+        if (n, ts) in touched and (n, ts) not in seen:   # that shared the event
+            endpoint[i] = True
+            seen.add((n, ts))
+    return lat, endpoint, mine, refreshed / elapsed, backlog, grows
 
 
 def _pct(x) -> list[float]:
@@ -181,14 +187,24 @@ def main() -> None:
                     raise SystemExit(f"worker did not come up; see {tmp}/worker.log")
                 time.sleep(0.3)
             warmup = a.warmup if a.warmup is not None else (5 if a.quick else 30)
+            # one world streamed on through every phase: its catalog (~1,800 entities and
+            # structural edges, all at its start) lands in the warm-up, and each measured
+            # phase is the same stream going on at another rate
+            total = int(warmup * rates[0] + sum(rates) * seconds)
+            stream = SynthWorld(SynthConfig(events=total, seed=11, start_ms=int(time.time() * 1000),
+                                            span_days=(warmup + seconds * len(rates)) / 86400)).stream()
             if warmup > 0:
-                lat = run_rate(cfg, worker, rates[0], warmup, seed=7)[0]
+                lat = run_rate(cfg, worker, stream, rates[0], warmup, phase=0)[0]
                 print(f"warm-up: {warmup:.0f}s at {rates[0]:,.0f} ev/s, {len(lat)} changes "
                       f"(not counted)", flush=True)
             results = {}
             for i, rate in enumerate(rates):
-                lat, endpoint, thr, backlog, grows = run_rate(cfg, worker, rate, seconds, seed=11 + i)
+                lat, endpoint, mine, thr, backlog, grows = run_rate(cfg, worker, stream, rate,
+                                                                    seconds, phase=1 + i)
                 results[rate] = (lat, endpoint, thr, grows)
+                np.savez(out_dir / f"freshness-{rate:.0f}.npz", latency_ms=lat, endpoint=endpoint,
+                         node=np.array([n for n, _, _ in mine]),     # per change, in arrival
+                         event_ts=np.array([ts for _, ts, _ in mine]))   # order, for other plots
                 q, qe = _pct(lat), _pct(lat[endpoint])
                 print(f"{rate:,.0f} ev/s for {seconds:.0f}s: {len(lat)} changes, freshness p50 "
                       f"{q[0]:.0f} ms p95 {q[1]:.0f} ms p99 {q[2]:.0f} ms; endpoint changes "
