@@ -2,10 +2,11 @@
 
 Starts the embedded broker and a real worker process (refresh on; `--checkpoint` to serve a
 trained model, else cold start), streams one synthetic world at fixed rates, one phase per
-rate after a warm-up that takes the world's catalog burst, with event time = production time, and measures per token change `received - event_ts` in a subscriber, for
-all changes and for endpoint changes alone (nodes the event touched; the rest are neighbour
-refreshes paced by `refresh.neighbor_rate`). The
-peer, measured in the same run: Kafka alone (produce -> consume on a plain topic, same
+rate after a warm-up that takes the world's catalog burst, with event time = production time,
+and measures per token change `received - event_ts` in a subscriber, for all changes and for
+endpoint changes alone (nodes the event touched; the rest are neighbour refreshes paced by
+`refresh.neighbor_rate`). Per-change latencies go to var/bench/freshness-RATE.npz. The peer,
+measured in the same run: Kafka alone (produce -> consume on a plain topic, same
 producer settings). Also: refresh throughput and whether the dirty backlog grows.
 
     python bench/freshness.py [--quick] [--rates 1000,2000,5000] [--seconds 120] [--checkpoint DIR]

@@ -31,8 +31,8 @@ def default_device() -> torch.device:
 def set_cpu_threads(n: int) -> None:
     """Torch's and faiss's threads for serving on CPU (0: their default, one per core). A
     worker's micro-batches are small matrices, and the worker shares its cores with ingest
-    and often a broker: extra threads there mostly spin (measured in bench/freshness.py:
-    1 thread refreshed 1,568 nodes/s at 2,000 ev/s where 2 threads did 1,272)."""
+    and often a broker: extra threads there mostly spin (bench/freshness.py at 2,000 ev/s,
+    one run each: 1,568 refreshed nodes/s with OMP_NUM_THREADS=1, 1,272 without)."""
     if n > 0:
         import faiss
         torch.set_num_threads(n)

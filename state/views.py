@@ -162,8 +162,9 @@ class ViewSampler:
             imp = abs(wt) * exp(-rec * dt)
             if imp > best.get(nbr, 0.0):
                 best[nbr] = imp
-            # tuples, not lists: a tuple of numbers drops out of the cyclic GC, and this cache
-            # holds ~100 of them per node (lists made full collections scan millions)
+            # tuples, not lists: a tuple of numbers drops out of the cyclic GC, while each of
+            # these lists (one per neighbour of every cached node) was walked by every full
+            # collection
             by_nbr[nbr] = by_nbr.get(nbr, ()) + ((codes[action], d, wt, dt),)
             deg[d] += 1
         day = 86_400_000.0

@@ -68,7 +68,7 @@ class RefreshConfig:
     swap_rate: float = 5000.0           # background re-encodes per second during a hot swap
     checkpoint: str = ""                # checkpoint to serve at first start (else cold start)
     device: str = "auto"                # auto (CUDA when present), cpu, cuda
-    cpu_threads: int = 1                # torch threads when encoding on CPU (0: one per core)
+    cpu_threads: int = 1                # torch + faiss threads on CPU (0: one per core)
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -31,7 +31,7 @@ def tune_gc() -> None:
 def freeze_startup_objects() -> None:
     """Move what start-up allocated (torch and its modules, the model, the index) out of the
     cyclic GC's reach: it lives as long as the process, and every full collection would
-    otherwise walk it (measured: a 0.7 s pause of the refresh thread in bench/freshness.py)."""
+    otherwise walk it (measured in bench/freshness.py: a 0.7 s full collection in the worker)."""
     gc.collect()
     gc.freeze()
 
