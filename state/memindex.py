@@ -164,6 +164,15 @@ class MemoryIndex:
                     "tokens": self.tokens[r].tolist(), "assign": self.assign[r].tolist(),
                     "seq": int(self.seq[r]), "model": self.model, "generation": self.gen}
 
+    def assignments(self, nodes) -> dict[str, list[int]]:
+        """Assignment per level of those of `nodes` that are indexed, in one gather."""
+        with self.lock:
+            found = [(n, self.rows[n]) for n in nodes if n in self.rows]
+            if not found:
+                return {}
+            names, where = zip(*found)
+            return dict(zip(names, self.assign[list(where)].tolist()))
+
     def probe_tokens(self, query: np.ndarray, probes: int) -> list[int]:
         """Tokens of the `probes` first-codebook codes nearest the query (multi-probe)."""
         if self.codebooks is None or probes <= 0:

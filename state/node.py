@@ -23,12 +23,7 @@ OUT, IN = 0, 1   # edge direction as seen from this node: OUT means this node wa
 
 _exp = math.exp
 _encode = msgspec.msgpack.Encoder().encode
-_Num = int | float
-# typed: msgspec builds the tuples in C, so `unpack` is a dict() call, not a Python loop
-_decode = msgspec.msgpack.Decoder(tuple[
-    str, int | None, int | None, int,
-    list[tuple[tuple[str, int], tuple[float, _Num]]],
-    list[tuple[tuple[str, str, int], tuple[float, _Num, int, int]]]]).decode
+_decode = msgspec.msgpack.Decoder().decode
 
 
 class NodeState:
@@ -105,6 +100,6 @@ class NodeState:
         node_id, first, last, events, activity, edges = _decode(raw)
         s = cls(node_id)
         s.first, s.last, s.events = first, last, events
-        s.activity = dict(activity)
-        s.edges = dict(edges)
+        s.activity = {tuple(k): tuple(v) for k, v in activity}
+        s.edges = {tuple(k): tuple(v) for k, v in edges}
         return s

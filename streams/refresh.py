@@ -241,13 +241,8 @@ class RefreshLoop:
             # every neighbour's assignment, looked up once for the batch: this batch's own,
             # else the index's (one gather), else none
             by_node = {rec.node: rec.assign for rec, _ in out}
-            rows = memory.rows
-            found = [(n, rows[n]) for n in {nbr for s in states if s is not None
-                                            for nbr, _a, _d in s.edges}
-                     if n not in by_node and n in rows]
-            if found:
-                names, where = zip(*found)
-                by_node.update(zip(names, memory.assign[list(where)].tolist()))
+            by_node.update(memory.assignments({nbr for s in states if s is not None
+                                               for nbr, _a, _d in s.edges} - by_node.keys()))
             self.supergraph.update(batch, gen, [(s, by_node[s.id]) for s in states if s is not None],
                                    by_node.get)
         return out

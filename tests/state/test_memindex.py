@@ -121,3 +121,13 @@ def test_rows_upserted_before_any_compaction_are_found():
         ix.upsert(f"ad:{i}", x[i], toks[i].tolist(), [0], 1)
     res = ix.search(x[3], toks[3].tolist(), 5, probes=64)
     assert res[0][0] == "ad:3" and abs(res[0][1] - 1.0) < 1e-5
+
+
+def test_assignments_of_many_nodes_after_compaction_reordered_the_rows():
+    x, quant = _world(n=500)
+    ix = MemoryIndex(0, "t", x.shape[1], 4, 2, ["ad"], nbits=6, codebooks=quant.codebooks_array())
+    assign = np.stack([np.arange(500), np.arange(500) % 7], 1).astype(np.int32)
+    ix.bulk_load([f"ad:{i}" for i in range(500)], x, quant.tokens(x), assign)
+    got = ix.assignments(["ad:3", "ad:499", "ad:nope"])
+    assert got == {"ad:3": [3, 3], "ad:499": [499, 2]}
+    assert ix.assignments(["ad:nope"]) == {}
