@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, Mapping
 
 import msgpack
 import numpy as np
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
 from state.decay import value_at
 from state.events import Entity
@@ -115,22 +115,40 @@ def _options(create: bool) -> Options:
     return opt
 
 
+def _follower_options() -> Options:
+    opt = Options(raw_mode=True)
+    # RocksDB's advice for secondary instances: keep every table file open, so one that the
+    # primary compacts away stays readable until the next catch-up
+    opt.set_max_open_files(-1)
+    return opt
+
+
 class GraphStore:
-    """Owns the RocksDB handle. Use `reader` for reads and `commit` for atomic writes."""
+    """Owns the RocksDB handle. Use `reader` for reads and `commit` for atomic writes.
+
+    With `follower_dir` the store is a read-only follower (a RocksDB secondary instance) of
+    the store another process has open at `path`: it sees what that process committed as of
+    its last `catch_up()`, and it never writes (`follower_dir` holds only its own logs)."""
 
     def __init__(self, path: str | os.PathLike, schema: SchemaConfig, num_partitions: int,
-                 create: bool = True, sync_writes: bool = False) -> None:
+                 create: bool = True, sync_writes: bool = False,
+                 follower_dir: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
         self.schema = schema
         self.keys = KeyCodec(num_partitions)
         self.rates = {name: spec.decay_rate for name, spec in schema.all_actions.items()}
-        if not create and not (self.path / "CURRENT").exists():
+        self.follower = follower_dir is not None
+        if (self.follower or not create) and not (self.path / "CURRENT").exists():
             raise StoreMissingError(f"no state store at {self.path}: run the worker once to "
                                     "create it, or pass the right --state path")
         self.path.mkdir(parents=True, exist_ok=True)
+        cfs = {cf: Options(raw_mode=True) for cf in COLUMN_FAMILIES}
         try:
-            self.db = Rdict(str(self.path), _options(create),
-                            column_families={cf: Options(raw_mode=True) for cf in COLUMN_FAMILIES})
+            if self.follower:
+                self.db = Rdict(str(self.path), _follower_options(), column_families=cfs,
+                                access_type=AccessType.secondary(str(follower_dir)))
+            else:
+                self.db = Rdict(str(self.path), _options(create), column_families=cfs)
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's message
             msg = str(exc)
             if "lock" in msg.lower():
@@ -152,6 +170,10 @@ class GraphStore:
         meta = self.cf["meta"]
         version = meta.get(b"schema_version")
         parts = meta.get(b"num_partitions")
+        if version is None and self.follower:
+            self._release()
+            raise StoreMissingError(f"state store {self.path} is not initialised yet: a "
+                                    "follower opens it after its primary has")
         if version is None:
             meta[b"schema_version"] = msgpack.packb(STORE_SCHEMA_VERSION)
             meta[b"num_partitions"] = msgpack.packb(num_partitions)
@@ -168,6 +190,10 @@ class GraphStore:
             raise IncompatibleStoreError(
                 f"state store {self.path} was built for {parts} partitions, config says "
                 f"{num_partitions}; node keys depend on it. Use a new path or the old count.")
+
+    def catch_up(self) -> None:
+        """A follower: see everything the primary has written so far (WAL included)."""
+        self.db.try_catch_up_with_primary()
 
     # -- writes ---------------------------------------------------------------------------
     def commit(self, nodes: Iterable[NodeState] = (), entities: Iterable[Entity] = (),
@@ -217,7 +243,8 @@ class GraphStore:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.db.flush()
+            if not self.follower:
+                self.db.flush()
             self._release()
 
     def _release(self) -> None:

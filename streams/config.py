@@ -69,6 +69,7 @@ class RefreshConfig:
     checkpoint: str = ""                # checkpoint to serve at first start (else cold start)
     device: str = "auto"                # auto (CUDA when present), cpu, cuda
     cpu_threads: int = 1                # torch + faiss threads on CPU (0: one per core)
+    sample_process: bool = True         # sample views in a child process (a store follower)
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -2,6 +2,10 @@
 -> token changes on `hirflow.token-changes`. Also runs hot swaps (`streams.hotswap` hands
 it announcements), so every index write comes from this one thread and none can race.
 
+Views are sampled a batch ahead, by default in a child process on a follower of the store
+(`state.view_source`, `refresh.sample_process`): while this thread encodes and writes batch
+k, the child samples batch k+1, which was claimed when k's views arrived.
+
 Crash safety, in order:
 1. claim durable dirty nodes (`GraphWriter.claim_dirty`), encode them;
 2. one RocksDB batch: records + postings + super-graph rows of the active generation (and
@@ -10,7 +14,8 @@ Crash safety, in order:
    touched again meanwhile;
 3. produce the outbox to Kafka, wait for acks, delete the outbox entries.
 A crash before 2 leaves the markers (refreshed again on restart); after 2 the outbox is
-sent again on restart, with the same seq and content, never a different one.
+sent again on restart, with the same seq and content, never a different one. A node claimed
+again by the batch being sampled ahead keeps its marker until that batch commits.
 """
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ from state.index import (ACTIVE_KEY, ANNOUNCE_PASS_KEY, BUILDING_KEY, IndexRecor
                          delete_outbox)
 from state.memindex import MemoryIndex
 from state.supergraph import SuperGraph
-from state.views import STUDENT, ViewSampler
+from state.view_source import LocalViews, Sampled, ViewProcess
+from state.views import STUDENT
 from state.writer import GraphWriter
 from streams import changes, clients
 from streams.config import HirflowConfig
@@ -41,6 +47,15 @@ log = logging.getLogger(__name__)
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A micro-batch whose views are being sampled: `claimed` dirty nodes (-> their oldest
+    event) and `nodes`, those plus the neighbours taken with them."""
+    claimed: dict[str, int]
+    nodes: dict[str, int]
+    ticket: int
 
 
 @dataclass
@@ -62,7 +77,6 @@ class RefreshLoop:
         self.types = list(cfg.schema.all_node_types)
         self.index = TokenIndex(store)
         self.supergraph = SuperGraph(self.index)
-        self.sampler = ViewSampler(store.reader, cfg.schema, STUDENT, seed=self.rcfg.seed)
         self.device = default_device() if self.rcfg.device == "auto" else self.rcfg.device
         if str(self.device) == "cpu":
             set_cpu_threads(self.rcfg.cpu_threads)
@@ -79,7 +93,12 @@ class RefreshLoop:
         self.last_beat = time.monotonic()
         self.refreshed = 0
         self._thread: threading.Thread | None = None
+        self._ahead: _Batch | None = None
         self._open()
+        if self.rcfg.sample_process:
+            self.views = ViewProcess(store, cfg.schema, STUDENT, self.rcfg.seed)
+        else:
+            self.views = LocalViews(store, cfg.schema, STUDENT, self.rcfg.seed)
 
     # -- start-up -------------------------------------------------------------------------
     def _open(self) -> None:
@@ -148,14 +167,46 @@ class RefreshLoop:
         self.stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._give_back_ahead()
         self.producer.flush(10)
+        self.views.close()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing dirty, queued, sampled ahead or being swapped."""
+        return not self.writer.dirty and not self._neighbors and self._ahead is None \
+            and self.building is None and not self._announce and not self.swap_requests
 
     def run_once(self) -> int:
         """One micro-batch of dirty nodes (+ budgeted neighbours), then a slice of swap work.
         Returns nodes refreshed."""
+        cur, self._ahead = self._ahead or self._next_batch(wait=True), None
+        done = 0
+        if cur is not None:
+            try:
+                sampled = self.views.result(cur.ticket)
+                self._ahead = self._next_batch(wait=False)   # sampled while `cur` encodes
+                self.refresh(cur.nodes, cur.claimed, sampled)
+            except BaseException:
+                self.writer.unclaim(cur.claimed)
+                self._give_back_ahead()
+                raise
+            done = len(cur.nodes)
+        if self.swap_requests and self.building is None:
+            self._start_swap(self.swap_requests.pop())
+            self.swap_requests.clear()
+        if self.building is not None:
+            self._build_step()
+        elif self._announce:
+            self._announce_step()
+        return done
+
+    def _next_batch(self, wait: bool) -> _Batch | None:
+        """Claim dirty nodes (+ budgeted neighbours) and submit them for sampling; `wait`:
+        when there is no work at all, wait up to `batch_wait_ms` for the next ingest commit."""
         claimed = self.writer.claim_dirty(self.rcfg.batch_max)
-        if not claimed and not self._neighbors and self.building is None and not self._announce \
-                and not self.swap_requests:
+        if wait and not claimed and not self._neighbors and self.building is None \
+                and not self._announce and not self.swap_requests:
             with self.writer.committed:                # wait for the next ingest commit
                 self.writer.committed.wait(self.rcfg.batch_wait_ms / 1000)
             claimed = self.writer.claim_dirty(self.rcfg.batch_max)
@@ -166,32 +217,25 @@ class RefreshLoop:
         room = min(self.rcfg.batch_max - len(nodes), self.rcfg.neighbor_batch_max)
         for n, ts in self._take_neighbors(room):
             nodes.setdefault(n, ts)
-        done = 0
-        if nodes:
-            try:
-                self.refresh(nodes, claimed)
-            except BaseException:
-                self.writer.unclaim(claimed)
-                raise
-            done = len(nodes)
-        if self.swap_requests and self.building is None:
-            self._start_swap(self.swap_requests.pop())
-            self.swap_requests.clear()
-        if self.building is not None:
-            self._build_step()
-        elif self._announce:
-            self._announce_step()
-        return done
+        if not nodes:
+            return None
+        return _Batch(claimed, nodes, self.views.submit(list(nodes), now_ms()))
+
+    def _give_back_ahead(self) -> None:
+        if self._ahead is not None:
+            self.writer.unclaim(self._ahead.claimed)
+            self._ahead = None
 
     # -- refresh --------------------------------------------------------------------------
-    def refresh(self, nodes: dict[str, int], claimed: dict[str, int]) -> None:
+    def refresh(self, nodes: dict[str, int], claimed: dict[str, int],
+                sampled: Sampled | None = None) -> None:
+        """Encode `nodes` (their views: `sampled`, else sampled now) and commit them; the
+        dirty markers of `claimed` nodes not dirtied again meanwhile go in the same batch."""
         t0 = time.perf_counter()
         ids = list(nodes)
+        views, know = sampled or self.views.sample(ids, now_ms())
         ts = now_ms()
-        self.sampler.invalidate(ids)
-        views = self.sampler.sample(ids, ts)
-        know = self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
-        states = self.sampler.states(ids)             # read by `sample` just now
+        states = self.store.reader.states(ids)
         batch = self.index.batch()
         out = self._write(batch, self.gen, self.active, self.memory, ids, views, know, states,
                           nodes, ts, publish=True)
@@ -200,8 +244,9 @@ class RefreshLoop:
         if build is not None:
             built = self._write(batch, build.gen, build.model, build.memory, ids, views, know,
                                 states, nodes, ts, publish=False)
+        ahead = self._ahead.claimed if self._ahead is not None else {}
         with self.writer.lock:
-            batch.clear_dirty(self.writer.settled(claimed))
+            batch.clear_dirty([n for n in self.writer.settled(claimed) if n not in ahead])
             batch.commit()
         self._apply_memory(out, self.memory)
         if build is not None:
@@ -258,10 +303,12 @@ class RefreshLoop:
     # -- neighbours within a rate budget --------------------------------------------------
     def _queue_neighbors(self, moved, states, event_ts) -> None:
         """Queue the heaviest neighbours of nodes whose tokens moved. Nodes of this batch
-        are skipped: their views were sampled after the event, so they already see it."""
+        and of the one sampled ahead are skipped: their views were sampled after the event,
+        so they already see it."""
         k = self.rcfg.neighbors_per_node
         if not k or not self.rcfg.neighbor_rate:
             return
+        ahead = self._ahead.nodes if self._ahead is not None else {}
         by_id = {s.id: s for s in states if s is not None}
         for n in moved:
             s = by_id.get(n)
@@ -269,7 +316,7 @@ class RefreshLoop:
                 continue
             heavy = sorted(s.edges.items(), key=lambda kv: -abs(kv[1][0]))[:k]
             for (nbr, _a, _d), _ in heavy:
-                if nbr not in self._neighbors and nbr not in event_ts:
+                if nbr not in self._neighbors and nbr not in event_ts and nbr not in ahead:
                     self._neighbors[nbr] = event_ts[n]
         while len(self._neighbors) > 100_000:          # bounded: oldest requests go first
             self._neighbors.popitem(last=False)
@@ -356,9 +403,8 @@ class RefreshLoop:
         if n > 0:
             ids = b.todo[b.done:b.done + n]
             ts = now_ms()
-            views = self.sampler.sample(ids, ts)
-            know = self.store.reader.knowledge(sorted({x for v in views for x in v.nodes}))
-            states = self.sampler.states(ids)             # read by `sample` just now
+            views, know = self.views.sample(ids, ts)
+            states = self.store.reader.states(ids)
             olds = {r.node: r for r in self.index.records(self.gen, ids) if r is not None}
             event_ts = {i: (olds[i].event_ts if i in olds else ts) for i in ids}
             batch = self.index.batch()

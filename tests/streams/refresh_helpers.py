@@ -29,8 +29,7 @@ def settle(loop, rounds: int = 50, seconds: float = 90.0) -> None:
     while i < rounds or time.monotonic() < deadline:
         loop.run_once()
         i += 1
-        if not loop.writer.dirty and not loop._neighbors and loop.building is None \
-                and not loop._announce and not loop.swap_requests:
+        if loop.idle:
             return
     raise AssertionError(f"refresh did not settle in {i} rounds: {len(loop.writer.dirty)} dirty, "
                          f"{len(loop._neighbors)} neighbours queued, building {loop.building}")

@@ -137,6 +137,34 @@ def test_a_node_dirtied_again_while_it_is_encoded_stays_dirty(cfg, tiny_world):
         store.close()
 
 
+def test_a_node_claimed_again_by_the_batch_sampled_ahead_keeps_its_marker(cfg, tiny_world):
+    """The next batch is claimed (and sampled by the child) while this one is encoded: a node
+    in both keeps its durable marker until the later batch commits, so a crash in between
+    loses nothing."""
+    store, writer, loop = loop_over(cfg, tiny_world[:200])
+    try:
+        cur = loop._next_batch(wait=False)
+        node = next(iter(cur.claimed))
+        e = Engagement(node, "ad:late", "click", max(cur.claimed.values()) + 10, 1.0)
+        writer.apply_batch([(e, 3)])
+        writer.commit()
+        views, know = loop.views.result(cur.ticket)
+        loop._ahead = loop._next_batch(wait=False)
+        assert node in loop._ahead.claimed and node not in writer.dirty
+        loop.refresh(cur.nodes, cur.claimed, (views, know))
+        assert node in store.reader.dirty()
+        assert not set(store.reader.dirty()) - {node, "ad:late"}
+        ahead = loop._ahead
+        assert loop.run_once() == len(ahead.nodes)
+        assert loop.index.records(loop.gen, [node])[0].event_ts == e.ts
+        settle(loop)
+        assert not store.reader.dirty()
+        assert_index_matches_state(loop)
+    finally:
+        loop.close()
+        store.close()
+
+
 def test_a_hub_touched_between_every_two_commits_is_refreshed_for_its_durable_part(cfg, tiny_world):
     """A node with uncommitted changes is claimed for what is already committed and stays
     dirty (durably too) for the rest; a node whose every pending event is uncommitted waits."""

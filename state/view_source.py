@@ -1,0 +1,179 @@
+"""Where the refresh loop's views are sampled: in its own process, or in a child process that
+reads a read-only follower of the store.
+
+A worker's ingest and refresh threads share one interpreter lock; at 2,000 events/s view
+sampling was about half of the refresh thread's time under it (py-spy, bench/freshness.py),
+and the worker was bound by that lock while a core stood idle. `ViewProcess` moves sampling
+to a child (`python -m state.view_source`) that follows the store as a RocksDB secondary
+instance and catches up before each request, so it reads everything the worker committed
+before it asked. Both sources have the same `submit` / `result` interface: the refresh loop
+submits the next batch and encodes the current one while the child samples.
+
+Wire format (multiprocessing `Connection` over a socket pair, pickled): the parent sends the
+set-up dict, then `(ticket, ids, cutoff)` per request and `None` to stop; the child answers
+`("ready", pid)` or `("error", message)`, then `(ticket, "ok", views, ids, vectors)` or
+`(ticket, "error", traceback)`. World-knowledge vectors travel as one matrix: one array
+instead of thousands of small ones to unpickle under the worker's lock.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import traceback
+from multiprocessing.connection import Connection
+from typing import Mapping
+
+import numpy as np
+
+from state.graph import GraphStore
+from state.schema import SchemaConfig
+from state.views import View, ViewConfig, ViewSampler
+
+log = logging.getLogger(__name__)
+
+Sampled = tuple[list[View], Mapping[str, np.ndarray]]
+
+
+class LocalViews:
+    """Samples in the calling process; `follower` stores catch up with their primary first."""
+
+    def __init__(self, store: GraphStore, schema: SchemaConfig, config: ViewConfig, seed: int) -> None:
+        self.store = store
+        self.sampler = ViewSampler(store.reader, schema, config, seed=seed)
+        self._tickets = itertools.count()
+        self._pending: dict[int, tuple[list[str], int]] = {}
+
+    def sample(self, ids: list[str], cutoff: int) -> Sampled:
+        """Views of `ids` as of `cutoff` (their cached records dropped first: they changed)
+        and the world-knowledge vectors of every node in them."""
+        if self.store.follower:
+            self.store.catch_up()
+        self.sampler.invalidate(ids)
+        views = self.sampler.sample(ids, cutoff)
+        return views, self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
+
+    def submit(self, ids: list[str], cutoff: int) -> int:
+        ticket = next(self._tickets)
+        self._pending[ticket] = (list(ids), cutoff)
+        return ticket
+
+    def result(self, ticket: int) -> Sampled:
+        return self.sample(*self._pending.pop(ticket))
+
+    def close(self) -> None:
+        self._pending.clear()
+
+
+class ViewProcessError(RuntimeError):
+    """The sampling child failed or exited; the message carries its reason."""
+
+
+class ViewProcess:
+    """Samples in a child process on a follower of `store` (which this process has open)."""
+
+    def __init__(self, store: GraphStore, schema: SchemaConfig, config: ViewConfig, seed: int,
+                 start_timeout_s: float = 120.0) -> None:
+        self._dir = tempfile.mkdtemp(prefix="hirflow-follower-")
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "state.view_source", str(theirs.fileno())],
+                                         pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        self.conn = Connection(ours.detach())
+        self._tickets = itertools.count()
+        self._replies: dict[int, Sampled] = {}
+        self.conn.send({"path": str(store.path.resolve()), "schema": schema,
+                        "partitions": store.keys.num_partitions, "config": config, "seed": seed,
+                        "follower_dir": self._dir})
+        if not self.conn.poll(start_timeout_s):
+            self.close()
+            raise ViewProcessError(f"the view sampler process did not start in {start_timeout_s:.0f} s")
+        status, detail = self._recv()
+        if status != "ready":
+            self.close()
+            raise ViewProcessError(f"the view sampler process could not open the store: {detail}")
+        log.info("sampling views in process %d, a follower of %s", detail, store.path)
+
+    def _recv(self):
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            raise ViewProcessError(f"the view sampler process exited (code {self.proc.wait()})") from None
+
+    def submit(self, ids: list[str], cutoff: int) -> int:
+        ticket = next(self._tickets)
+        try:
+            self.conn.send((ticket, list(ids), cutoff))
+        except OSError:
+            raise ViewProcessError(f"the view sampler process exited (code {self.proc.wait()})") from None
+        return ticket
+
+    def result(self, ticket: int) -> Sampled:
+        """The answer to `ticket`; answers come in request order, earlier ones are kept."""
+        while ticket not in self._replies:
+            got, status, *rest = self._recv()
+            if status != "ok":
+                raise ViewProcessError(f"the view sampler process failed:\n{rest[0]}")
+            views, ids, vectors = rest
+            self._replies[got] = (views, {} if vectors is None else dict(zip(ids, vectors)))
+        return self._replies.pop(ticket)
+
+    def sample(self, ids: list[str], cutoff: int) -> Sampled:
+        return self.result(self.submit(ids, cutoff))
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.conn.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _serve(conn: Connection) -> None:
+    """The child: open the follower, answer requests until the parent stops or goes away."""
+    init = conn.recv()
+    try:
+        store = GraphStore(init["path"], init["schema"], init["partitions"],
+                           follower_dir=init["follower_dir"])
+        views = LocalViews(store, init["schema"], init["config"], init["seed"])
+    except Exception as exc:   # the parent raises it with this message
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", os.getpid()))
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:               # the parent died (kill -9): nothing left to answer
+                break
+            if msg is None:
+                break
+            ticket, ids, cutoff = msg
+            try:
+                sampled, know = views.sample(ids, cutoff)
+                keys = list(know)
+                vectors = np.stack([know[k] for k in keys]) if keys else None
+                conn.send((ticket, "ok", sampled, keys, vectors))
+            except Exception:
+                conn.send((ticket, "error", traceback.format_exc()))
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C: the parent stops it in order
+    _serve(Connection(int(sys.argv[1])))

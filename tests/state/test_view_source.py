@@ -1,0 +1,71 @@
+"""Views sampled in a child process on a follower of the store (state.view_source)."""
+import numpy as np
+import pytest
+
+from state.events import Engagement
+from state.graph import GraphConfig, GraphStore
+from state.schema import SchemaConfig
+from state.view_source import LocalViews, ViewProcess, ViewProcessError
+from state.views import STUDENT
+from tests.state.helpers import apply_direct
+from tests.state.test_views import DAY, T0, world
+
+FIELDS = ("types", "hop", "stats", "edge_src", "edge_dst", "edge_action", "edge_weight", "edge_age")
+
+
+def same_views(a, b) -> None:
+    assert [v.nodes for v in a] == [v.nodes for v in b]
+    for va, vb in zip(a, b):
+        for f in FIELDS:
+            np.testing.assert_array_equal(getattr(va, f), getattr(vb, f), err_msg=f)
+
+
+def test_the_child_samples_what_this_process_would_and_follows_new_commits(tmp_path):
+    schema = SchemaConfig()
+    with GraphStore(tmp_path, schema, 4) as store:
+        writer = apply_direct(store, world(np.random.default_rng(3), 40, 30, 2000),
+                              GraphConfig(path=str(tmp_path)))
+        store.commit(knowledge={"ad:1": np.arange(384, dtype=np.float32)})
+        anchors = [f"user:{i}" for i in range(12)] + ["ad:1", "ad:404"]
+        cut = T0 + 31 * DAY
+        child = ViewProcess(store, schema, STUDENT, seed=5)
+        try:
+            here, know_here = LocalViews(store, schema, STUDENT, seed=5).sample(anchors, cut)
+            there, know_there = child.result(child.submit(anchors, cut))
+            same_views(here, there)
+            assert know_there.keys() == know_here.keys() and "ad:1" in know_there
+            np.testing.assert_array_equal(know_there["ad:1"], know_here["ad:1"])
+
+            # committed after the child opened its follower: its next request sees it
+            writer.apply(Engagement("user:999", "ad:1", "click", cut - 1000))
+            writer.commit()
+            first, second = child.submit(["user:999"], cut), child.submit(["ad:1"], cut)
+            (ad,), _ = child.result(second)          # answers may be taken out of order
+            (user,), _ = child.result(first)
+            assert "user:999" in ad.nodes and user.nodes[:2] == ("user:999", "ad:1")
+        finally:
+            child.close()
+        assert child.proc.returncode == 0
+
+
+def test_a_dead_child_is_a_clear_error(tmp_path):
+    schema = SchemaConfig()
+    with GraphStore(tmp_path, schema, 4) as store:
+        apply_direct(store, world(np.random.default_rng(4), n=200), GraphConfig(path=str(tmp_path)))
+        child = ViewProcess(store, schema, STUDENT, seed=0)
+        try:
+            child.proc.kill()
+            child.proc.wait()
+            with pytest.raises(ViewProcessError, match="exited"):
+                child.sample(["user:1"], T0 + 31 * DAY)
+        finally:
+            child.close()
+
+
+def test_a_follower_never_creates_a_store(tmp_path):
+    with pytest.raises(ViewProcessError, match="no state store"):
+        class Missing:      # a store object whose directory holds no database
+            path = tmp_path / "nothing"
+            keys = type("K", (), {"num_partitions": 4})()
+        ViewProcess(Missing(), SchemaConfig(), STUDENT, seed=0)
+    assert not (tmp_path / "nothing").exists()
