@@ -12,13 +12,15 @@ Crash safety, in order:
    of the generation being built, during a swap), the published (seq, tokens) per node,
    the token changes in the outbox, and the deletion of the dirty markers of nodes not
    touched again meanwhile;
-3. produce the outbox to Kafka, wait for acks, delete the outbox entries.
+3. produce the outbox to Kafka; wait for the acks and delete the outbox entries before the
+   next batch is produced (the wait overlaps that batch's encoding) or when idle.
 A crash before 2 leaves the markers (refreshed again on restart); after 2 the outbox is
 sent again on restart, with the same seq and content, never a different one. A node claimed
 again by the batch being sampled ahead keeps its marker until that batch commits.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -82,6 +84,7 @@ class RefreshLoop:
             set_cpu_threads(self.rcfg.cpu_threads)
         self.producer = producer or clients.producer(cfg.kafka, **{"linger.ms": 1})
         self._delivery_errors: list[str] = []
+        self._unacked: list[bytes] = []          # outbox keys produced, acks not yet checked
         self.swap_requests: deque[dict] = deque()
         self._neighbors: OrderedDict[str, int] = OrderedDict()
         self._budget, self._budget_t = 0.0, time.monotonic()
@@ -147,6 +150,7 @@ class RefreshLoop:
         if pending:
             log.info("re-sending %d token changes that were not acknowledged before a restart", len(pending))
             self._send([(k, v, None) for k, v in pending])
+            self._confirm_sent()
 
     # -- the loop -------------------------------------------------------------------------
     def start(self) -> None:
@@ -168,14 +172,18 @@ class RefreshLoop:
         if self._thread is not None:
             self._thread.join(timeout)
         self._give_back_ahead()
-        self.producer.flush(10)
+        try:
+            self._confirm_sent()
+        except RuntimeError as exc:
+            log.warning("%s; they are sent again on restart", exc)
         self.views.close()
 
     @property
     def idle(self) -> bool:
         """Nothing dirty, queued, sampled ahead or being swapped."""
         return not self.writer.dirty and not self._neighbors and self._ahead is None \
-            and self.building is None and not self._announce and not self.swap_requests
+            and self.building is None and not self._announce and not self.swap_requests \
+            and not self._unacked
 
     def run_once(self) -> int:
         """One micro-batch of dirty nodes (+ budgeted neighbours), then a slice of swap work.
@@ -192,6 +200,8 @@ class RefreshLoop:
                 self._give_back_ahead()
                 raise
             done = len(cur.nodes)
+        else:
+            self._confirm_sent()
         if self.swap_requests and self.building is None:
             self._start_swap(self.swap_requests.pop())
             self.swap_requests.clear()
@@ -334,31 +344,40 @@ class RefreshLoop:
         return out
 
     # -- emitting -------------------------------------------------------------------------
-    def _on_delivery(self, err, msg) -> None:
+    def _on_delivery(self, event_ts: int | None, produced_ms: int, err, msg) -> None:
         if err is not None:
             self._delivery_errors.append(str(err))
+        elif event_ts is not None:     # from an event: event -> acknowledged by the broker
+            acked = produced_ms + 1000 * (msg.latency() or 0.0)
+            FRESHNESS.observe(max(0.0, acked - event_ts) / 1000)
 
     def _send(self, items: list[tuple[bytes, bytes, changes.TokenChange | None]],
               fresh: bool = True) -> None:
-        """Produce, wait for every ack, then drop the outbox entries. `fresh`: the changes
-        come from events, so their latency counts in the freshness histogram."""
+        """Produce; the acks are checked, and the outbox entries dropped, by `_confirm_sent`
+        before the next send (one batch later: the wait no longer holds the loop) or when
+        idle. `fresh`: the changes come from events, so their latency counts in the
+        freshness histogram."""
         if not items:
             return
-        topic = self.topics.token_changes
+        self._confirm_sent()
+        topic, t = self.topics.token_changes, now_ms()
         for key, value, c in items:
             node = (c or changes.decode(value)).node
+            ets = c.event_ts if fresh and c is not None else None
             clients.produce_blocking(self.producer, topic, value, key=node.encode(),
-                                     on_delivery=self._on_delivery)
+                                     on_delivery=functools.partial(self._on_delivery, ets, t))
+        self._unacked += [k for k, _, _ in items]
+        TOKEN_CHANGES.inc(len(items))
+
+    def _confirm_sent(self) -> None:
+        """Wait for the acks of what was produced, then drop those outbox entries."""
+        if not self._unacked:
+            return
         if self.producer.flush(30) or self._delivery_errors:
             errs, self._delivery_errors = self._delivery_errors, []
             raise RuntimeError(f"token changes were not acknowledged: {errs[:3]}")
-        if fresh:
-            emitted = now_ms()
-            for _, _, c in items:
-                if c is not None:
-                    FRESHNESS.observe(max(0, emitted - c.event_ts) / 1000)
-        TOKEN_CHANGES.inc(len(items))
-        delete_outbox(self.index, [k for k, _, _ in items])
+        delete_outbox(self.index, self._unacked)
+        self._unacked = []
 
     # -- hot swap -------------------------------------------------------------------------
     def request_swap(self, announcement: dict) -> None:
