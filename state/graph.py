@@ -41,6 +41,9 @@ STORE_SCHEMA_VERSION = 1
 COLUMN_FAMILIES = ("nodes", "entities", "knowledge", "dirty", "meta",
                    # the serving index (state/index.py) and super-graph (state/supergraph.py)
                    "embeddings", "postings", "members", "published", "outbox", "supergraph")
+# what a follower opens: the graph, not the index (a secondary instance replays the primary's
+# log into the families it opened only, so the refresh's own writes cost it little)
+FOLLOWER_FAMILIES = ("nodes", "entities", "knowledge", "meta")
 
 
 class StoreError(RuntimeError):
@@ -142,7 +145,8 @@ class GraphStore:
             raise StoreMissingError(f"no state store at {self.path}: run the worker once to "
                                     "create it, or pass the right --state path")
         self.path.mkdir(parents=True, exist_ok=True)
-        cfs = {cf: Options(raw_mode=True) for cf in COLUMN_FAMILIES}
+        families = FOLLOWER_FAMILIES if self.follower else COLUMN_FAMILIES
+        cfs = {cf: Options(raw_mode=True) for cf in families}
         try:
             if self.follower:
                 self.db = Rdict(str(self.path), _follower_options(), column_families=cfs,
@@ -158,8 +162,8 @@ class GraphStore:
             if "does not exist" in msg:
                 raise StoreMissingError(f"no state store at {self.path}: {msg}") from None
             raise StoreError(f"cannot open state store {self.path}: {msg}") from None
-        self.cf = {cf: self.db.get_column_family(cf) for cf in COLUMN_FAMILIES}
-        self.handle = {cf: self.db.get_column_family_handle(cf) for cf in COLUMN_FAMILIES}
+        self.cf = {cf: self.db.get_column_family(cf) for cf in families}
+        self.handle = {cf: self.db.get_column_family_handle(cf) for cf in families}
         self._write_opt = WriteOptions()
         self._write_opt.sync = sync_writes
         self._check_meta(num_partitions)

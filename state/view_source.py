@@ -11,8 +11,8 @@ submits the next batch and encodes the current one while the child samples.
 
 Wire format (multiprocessing `Connection` over a socket pair, pickled): the parent sends the
 set-up dict, then `(ticket, ids, cutoff)` per request and `None` to stop; the child answers
-`("ready", pid)` or `("error", message)`, then `(ticket, "ok", views, ids, vectors)` or
-`(ticket, "error", traceback)`. World-knowledge vectors travel as one matrix: one array
+`("ready", pid)` or `("error", message)`, then `(ticket, "ok", views, ids, vectors, seconds)`
+or `(ticket, "error", traceback)`. World-knowledge vectors travel as one matrix: one array
 instead of thousands of small ones to unpickle under the worker's lock.
 """
 from __future__ import annotations
@@ -25,8 +25,9 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import time
 import traceback
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Mapping
 
@@ -38,7 +39,15 @@ from state.views import View, ViewConfig, ViewSampler
 
 log = logging.getLogger(__name__)
 
-Sampled = tuple[list[View], Mapping[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A batch's views, the world-knowledge vectors of every node in them, and the seconds
+    the sampling took (catch-up included) where it ran."""
+    views: list[View]
+    knowledge: Mapping[str, np.ndarray]
+    seconds: float
 
 
 class LocalViews:
@@ -53,11 +62,13 @@ class LocalViews:
     def sample(self, ids: list[str], cutoff: int) -> Sampled:
         """Views of `ids` as of `cutoff` (their cached records dropped first: they changed)
         and the world-knowledge vectors of every node in them."""
+        t0 = time.perf_counter()
         if self.store.follower:
             self.store.catch_up()
         self.sampler.invalidate(ids)
         views = self.sampler.sample(ids, cutoff)
-        return views, self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
+        know = self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
+        return Sampled(views, know, time.perf_counter() - t0)
 
     def submit(self, ids: list[str], cutoff: int) -> int:
         ticket = next(self._tickets)
@@ -80,7 +91,10 @@ class ViewProcess:
 
     def __init__(self, store: GraphStore, schema: SchemaConfig, config: ViewConfig, seed: int,
                  start_timeout_s: float = 120.0) -> None:
-        self._dir = tempfile.mkdtemp(prefix="hirflow-follower-")
+        # the follower's own files (RocksDB's info log) beside the store: one fixed place
+        # per store, cleared at start, so a killed worker leaves nothing behind elsewhere
+        self._dir = store.path.resolve().with_name(store.path.resolve().name + ".follower")
+        shutil.rmtree(self._dir, ignore_errors=True)
         ours, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "state.view_source", str(theirs.fileno())],
@@ -92,7 +106,7 @@ class ViewProcess:
         self._replies: dict[int, Sampled] = {}
         self.conn.send({"path": str(store.path.resolve()), "schema": schema,
                         "partitions": store.keys.num_partitions, "config": config, "seed": seed,
-                        "follower_dir": self._dir})
+                        "follower_dir": str(self._dir)})
         if not self.conn.poll(start_timeout_s):
             self.close()
             raise ViewProcessError(f"the view sampler process did not start in {start_timeout_s:.0f} s")
@@ -122,8 +136,9 @@ class ViewProcess:
             got, status, *rest = self._recv()
             if status != "ok":
                 raise ViewProcessError(f"the view sampler process failed:\n{rest[0]}")
-            views, ids, vectors = rest
-            self._replies[got] = (views, {} if vectors is None else dict(zip(ids, vectors)))
+            views, ids, vectors, seconds = rest
+            self._replies[got] = Sampled(views, {} if vectors is None else dict(zip(ids, vectors)),
+                                         seconds)
         return self._replies.pop(ticket)
 
     def sample(self, ids: list[str], cutoff: int) -> Sampled:
@@ -164,10 +179,10 @@ def _serve(conn: Connection) -> None:
                 break
             ticket, ids, cutoff = msg
             try:
-                sampled, know = views.sample(ids, cutoff)
-                keys = list(know)
-                vectors = np.stack([know[k] for k in keys]) if keys else None
-                conn.send((ticket, "ok", sampled, keys, vectors))
+                got = views.sample(ids, cutoff)
+                keys = list(got.knowledge)
+                vectors = np.stack([got.knowledge[k] for k in keys]) if keys else None
+                conn.send((ticket, "ok", got.views, keys, vectors, got.seconds))
             except Exception:
                 conn.send((ticket, "error", traceback.format_exc()))
     finally:

@@ -38,9 +38,17 @@ FRESHNESS = Histogram("hirflow_freshness_seconds",
 REFRESH_BATCH = Histogram("hirflow_refresh_batch_nodes", "Nodes per refresh micro-batch",
                           buckets=(1, 8, 32, 128, 256, 512, 1024, 4096), registry=REGISTRY)
 REFRESH_SECONDS = Histogram("hirflow_refresh_batch_seconds",
-                            "Sample + encode + index write + emit per micro-batch",
+                            "Encode + index write + emit per micro-batch (views sampled ahead)",
                             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
                             registry=REGISTRY)
+VIEW_SAMPLE_SECONDS = Histogram("hirflow_view_sample_seconds",
+                                "Store catch-up + view sampling per micro-batch, where it runs",
+                                buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+                                registry=REGISTRY)
+VIEW_WAIT_SECONDS = Histogram("hirflow_view_wait_seconds",
+                              "Time the refresh thread waited for a micro-batch's views",
+                              buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+                              registry=REGISTRY)
 NODES_REFRESHED = Counter("hirflow_nodes_refreshed_total", "Nodes re-encoded", ["reason"],
                           registry=REGISTRY)
 TOKEN_CHANGES = Counter("hirflow_token_changes_total", "Token changes acknowledged by Kafka",

@@ -41,7 +41,8 @@ from streams import changes, clients
 from streams.config import HirflowConfig
 from streams.metrics import (CHECKPOINTS_REFUSED, FRESHNESS, INDEX_GENERATION, INDEX_NODES,
                              INDEX_SWITCHES, MODEL_INFO, NEIGHBOR_BACKLOG, NODES_REFRESHED,
-                             REFRESH_BATCH, REFRESH_SECONDS, SWAP_PROGRESS, TOKEN_CHANGES)
+                             REFRESH_BATCH, REFRESH_SECONDS, SWAP_PROGRESS, TOKEN_CHANGES,
+                             VIEW_SAMPLE_SECONDS, VIEW_WAIT_SECONDS)
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,9 @@ class RefreshLoop:
         done = 0
         if cur is not None:
             try:
+                t = time.perf_counter()
                 sampled = self.views.result(cur.ticket)
+                VIEW_WAIT_SECONDS.observe(time.perf_counter() - t)
                 self._ahead = self._next_batch(wait=False)   # sampled while `cur` encodes
                 self.refresh(cur.nodes, cur.claimed, sampled)
             except BaseException:
@@ -243,7 +246,9 @@ class RefreshLoop:
         dirty markers of `claimed` nodes not dirtied again meanwhile go in the same batch."""
         t0 = time.perf_counter()
         ids = list(nodes)
-        views, know = sampled or self.views.sample(ids, now_ms())
+        sampled = sampled or self.views.sample(ids, now_ms())
+        VIEW_SAMPLE_SECONDS.observe(sampled.seconds)
+        views, know = sampled.views, sampled.knowledge
         ts = now_ms()
         states = self.store.reader.states(ids)
         batch = self.index.batch()
@@ -367,7 +372,6 @@ class RefreshLoop:
             clients.produce_blocking(self.producer, topic, value, key=node.encode(),
                                      on_delivery=functools.partial(self._on_delivery, ets, t))
         self._unacked += [k for k, _, _ in items]
-        TOKEN_CHANGES.inc(len(items))
 
     def _confirm_sent(self) -> None:
         """Wait for the acks of what was produced, then drop those outbox entries."""
@@ -377,6 +381,7 @@ class RefreshLoop:
             errs, self._delivery_errors = self._delivery_errors, []
             raise RuntimeError(f"token changes were not acknowledged: {errs[:3]}")
         delete_outbox(self.index, self._unacked)
+        TOKEN_CHANGES.inc(len(self._unacked))
         self._unacked = []
 
     # -- hot swap -------------------------------------------------------------------------
@@ -422,7 +427,8 @@ class RefreshLoop:
         if n > 0:
             ids = b.todo[b.done:b.done + n]
             ts = now_ms()
-            views, know = self.views.sample(ids, ts)
+            sampled = self.views.sample(ids, ts)
+            views, know = sampled.views, sampled.knowledge
             states = self.store.reader.states(ids)
             olds = {r.node: r for r in self.index.records(self.gen, ids) if r is not None}
             event_ts = {i: (olds[i].event_ts if i in olds else ts) for i in ids}

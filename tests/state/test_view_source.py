@@ -30,18 +30,19 @@ def test_the_child_samples_what_this_process_would_and_follows_new_commits(tmp_p
         cut = T0 + 31 * DAY
         child = ViewProcess(store, schema, STUDENT, seed=5)
         try:
-            here, know_here = LocalViews(store, schema, STUDENT, seed=5).sample(anchors, cut)
-            there, know_there = child.result(child.submit(anchors, cut))
-            same_views(here, there)
-            assert know_there.keys() == know_here.keys() and "ad:1" in know_there
-            np.testing.assert_array_equal(know_there["ad:1"], know_here["ad:1"])
+            here = LocalViews(store, schema, STUDENT, seed=5).sample(anchors, cut)
+            there = child.result(child.submit(anchors, cut))
+            same_views(here.views, there.views)
+            assert there.knowledge.keys() == here.knowledge.keys() and "ad:1" in there.knowledge
+            np.testing.assert_array_equal(there.knowledge["ad:1"], here.knowledge["ad:1"])
+            assert there.seconds > 0
 
             # committed after the child opened its follower: its next request sees it
             writer.apply(Engagement("user:999", "ad:1", "click", cut - 1000))
             writer.commit()
             first, second = child.submit(["user:999"], cut), child.submit(["ad:1"], cut)
-            (ad,), _ = child.result(second)          # answers may be taken out of order
-            (user,), _ = child.result(first)
+            (ad,) = child.result(second).views       # answers may be taken out of order
+            (user,) = child.result(first).views
             assert "user:999" in ad.nodes and user.nodes[:2] == ("user:999", "ad:1")
         finally:
             child.close()

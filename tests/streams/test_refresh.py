@@ -148,10 +148,10 @@ def test_a_node_claimed_again_by_the_batch_sampled_ahead_keeps_its_marker(cfg, t
         e = Engagement(node, "ad:late", "click", max(cur.claimed.values()) + 10, 1.0)
         writer.apply_batch([(e, 3)])
         writer.commit()
-        views, know = loop.views.result(cur.ticket)
+        sampled = loop.views.result(cur.ticket)
         loop._ahead = loop._next_batch(wait=False)
         assert node in loop._ahead.claimed and node not in writer.dirty
-        loop.refresh(cur.nodes, cur.claimed, (views, know))
+        loop.refresh(cur.nodes, cur.claimed, sampled)
         assert node in store.reader.dirty()
         assert not set(store.reader.dirty()) - {node, "ad:late"}
         ahead = loop._ahead
