@@ -1,7 +1,7 @@
 """Where the refresh loop's views are sampled: in its own process, or in a child process that
 reads a read-only follower of the store.
 
-A worker's ingest and refresh threads share one interpreter lock; at 2,000 events/s view
+A worker's ingest and refresh threads share one interpreter lock; at 5,000 events/s view
 sampling was about half of the refresh thread's time under it (py-spy, bench/freshness.py),
 and the worker was bound by that lock while a core stood idle. `ViewProcess` moves sampling
 to a child (`python -m state.view_source`) that follows the store as a RocksDB secondary
@@ -18,6 +18,7 @@ instead of thousands of small ones to pickle and unpickle, the latter under the 
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import os
@@ -43,7 +44,6 @@ NODE_FIELDS = ("types", "hop", "stats")
 EDGE_FIELDS = ("edge_src", "edge_dst", "edge_action", "edge_weight", "edge_age")
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -232,10 +232,7 @@ def _serve(conn: _Channel) -> None:
     conn.send(("ready", os.getpid()))
     try:
         while True:
-            try:
-                msg = conn.recv()
-            except EOFError:               # the parent died (kill -9): nothing left to answer
-                break
+            msg = conn.recv()
             if msg is None:
                 break
             ticket, ids, cutoff = msg
@@ -243,9 +240,18 @@ def _serve(conn: _Channel) -> None:
                 got = views.sample(ids, cutoff)
                 keys = list(got.knowledge)
                 vectors = np.stack([got.knowledge[k] for k in keys]) if keys else None
-                conn.send((ticket, "ok", to_columns(got.views), keys, vectors, got.seconds))
+                reply = (ticket, "ok", to_columns(got.views), keys, vectors, got.seconds)
             except Exception:
-                conn.send((ticket, "error", traceback.format_exc()))
+                reply = (ticket, "error", traceback.format_exc())
+            conn.send(reply)
+            # what survived a request is mostly the sampler's caches (acyclic records, freed by
+            # reference counting when evicted): out of the cyclic GC's reach, or every full
+            # collection walks them again (bench/freshness.py, one 95 s run: 138 collections
+            # of 40-75 ms freeing nothing; with the worker's higher thresholds, young
+            # collections of 200-300 ms instead)
+            gc.freeze()
+    except (EOFError, ConnectionError):   # the parent died (kill -9): nobody left to answer
+        pass
     finally:
         store.close()
 
