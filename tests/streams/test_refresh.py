@@ -5,6 +5,7 @@ import numpy as np
 
 from state.events import Engagement, Entity
 from state.index import NO_PRIMITIVE
+from state.view_source import LocalViews
 from streams.subscribe import Subscriber
 from tests.conftest import replace_section
 from tests.streams.refresh_helpers import assert_index_matches_state, loop_over, settle
@@ -256,6 +257,22 @@ def test_neighbours_of_a_moved_node_are_queued_once_and_served_by_a_dirty_claim(
         loop.run_once()
         assert nbr not in loop._neighbors
         assert loop.index.records(loop.gen, [nbr])[0].event_ts == 9_000
+    finally:
+        loop.close()
+        store.close()
+
+
+def test_sampling_in_the_refresh_thread_gives_the_same_pipeline(cfg, tiny_world):
+    """`refresh.sample_process: false`: the same claims, batch ahead and markers, with the
+    views sampled in the refresh thread (no child process)."""
+    cfg = replace_section(cfg, "refresh", sample_process=False)
+    store, writer, loop = loop_over(cfg, tiny_world[:300])
+    try:
+        assert isinstance(loop.views, LocalViews)
+        settle(loop)
+        assert loop.refreshed and not store.reader.dirty() and not writer.dirty
+        assert not list(loop.index.outbox())
+        assert_index_matches_state(loop)
     finally:
         loop.close()
         store.close()
