@@ -177,18 +177,21 @@ class ViewProcess:
             raise ViewProcessError(f"the view sampler process could not open the store: {detail}")
         log.info("sampling views in process %d, a follower of %s", detail, store.path)
 
+    def _exited(self) -> ViewProcessError:
+        return ViewProcessError(f"the view sampler process exited (code {self.proc.wait()})")
+
     def _recv(self):
         try:
             return self.conn.recv()
         except (EOFError, OSError):
-            raise ViewProcessError(f"the view sampler process exited (code {self.proc.wait()})") from None
+            raise self._exited() from None
 
     def submit(self, ids: list[str], cutoff: int) -> int:
         ticket = next(self._tickets)
         try:
             self.conn.send((ticket, list(ids), cutoff))
         except OSError:
-            raise ViewProcessError(f"the view sampler process exited (code {self.proc.wait()})") from None
+            raise self._exited() from None
         return ticket
 
     def result(self, ticket: int) -> Sampled:

@@ -120,12 +120,6 @@ class ViewSampler:
                 cache.popitem(last=False)
         return {n: cache[n] for n in ids}
 
-    def states(self, ids: list[str]) -> list[NodeState | None]:
-        """The records `sample` read (cached): a caller that encodes the anchors' views and
-        also needs their records reads them once."""
-        got = self._states(ids)
-        return [got[n] for n in ids]
-
     def invalidate(self, node_ids) -> None:
         """Forget cached records of nodes whose state changed."""
         for n in node_ids:
