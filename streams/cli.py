@@ -168,16 +168,20 @@ def replay(obj: Ctx, path, fmt, rate, progress):
 @click.option("--start", default="2026-01-01", show_default=True,
               help="Event time of the first event: YYYY-MM-DD, ms since epoch, or 'now'.")
 @click.option("--span-days", type=float, default=28.0, show_default=True)
+@click.option("--locality", type=float, default=0.0, show_default=True,
+              help="Chance that a user's 2nd/3rd interest lies under the coarse interest of its "
+                   "first (0: interests drawn independently; the coarse level is then planted "
+                   "only in entity texts).")
 @click.option("--rate", type=float, help="With --produce: pace to events per second.")
 @click.pass_obj
-def synth(obj: Ctx, out, do_produce, events, users, seed, start, span_days, rate):
+def synth(obj: Ctx, out, do_produce, events, users, seed, start, span_days, locality, rate):
     """Generate the synthetic ads world with planted hierarchical interests."""
     from streams.synth import SynthConfig, SynthWorld, write
     if not out and not do_produce:
         raise click.UsageError("give --out DIR, --produce, or both")
     cfg = obj.config()
     scfg = SynthConfig(seed=seed, events=events, users=users, start_ms=_parse_start(start),
-                       span_days=span_days)
+                       span_days=span_days, locality=locality)
     world = SynthWorld(scfg)
     if out:
         paths = write(world, out)

@@ -59,6 +59,7 @@ class SynthConfig:
     span_days: float = 28.0
     late_launch: float = 0.2        # share of ads launched during the stream (cold start)
     drift: float = 0.3              # share of users who swap one interest mid-stream
+    locality: float = 0.0           # chance that a user's 2nd/3rd interest shares the 1st's coarse one
     in_interest: float = 0.85       # impressions on the user's own interests
     ctr_in: float = 0.12
     ctr_out: float = 0.02
@@ -72,6 +73,8 @@ class SynthConfig:
             raise ValueError("sizes must be >= 1")
         if self.events < 0:
             raise ValueError(f"events must be >= 0, got {self.events}")
+        if not 0.0 <= self.locality <= 1.0:
+            raise ValueError(f"locality must be in [0, 1], got {self.locality}")
 
     @property
     def n_fine(self) -> int:
@@ -128,11 +131,29 @@ class SynthWorld:
         k = rng.integers(1, 4, cfg.users)
         self.user_interests = [list(rng.choice(pool, size=min(kk, len(pool)), replace=False))
                                for kk in k]
+        if cfg.locality > 0:
+            self._localise(pool)
         self.user_act = _zipf_weights(cfg.users, cfg.zipf_users, rng)
         drifting = rng.random(cfg.users) < cfg.drift
         self.user_drift = {int(u): (int(cfg.start_ms + rng.integers(span // 3, span)),
                                     int(rng.choice(pool)))
                            for u in np.flatnonzero(drifting)}
+
+    def _localise(self, pool: np.ndarray) -> None:
+        """Redraw each user's further interests, with chance `locality`, under the coarse
+        interest of its first, so the coarse level is planted in behaviour as well as in text
+        (people who buy running shoes also buy cycling gear). A generator of its own keeps the
+        rest of the world identical to the one with locality 0."""
+        cfg = self.cfg
+        rng = np.random.default_rng(cfg.seed + 3)
+        per_coarse = cfg.mid * cfg.fine
+        for ints in self.user_interests:
+            for j in range(1, len(ints)):
+                if rng.random() < cfg.locality:
+                    near = [int(f) for f in pool if f // per_coarse == ints[0] // per_coarse
+                            and f not in ints]
+                    if near:
+                        ints[j] = near[int(rng.integers(len(near)))]
 
     # -- ids ------------------------------------------------------------------------------
     @staticmethod

@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -80,3 +81,20 @@ def test_synth_is_deterministic_by_seed():
     b = list(SynthWorld(SynthConfig(events=800, users=40, seed=4)).stream())
     c = list(SynthWorld(SynthConfig(events=800, users=40, seed=5)).stream())
     assert a == b and a != c
+
+
+def test_synth_locality_plants_the_coarse_level_in_users_interests():
+    """With locality 1 every user's interests share its first one's coarse interest; the
+    rest of the world (ads, texts, which users drift) is the same as with locality 0."""
+    from streams.synth import SynthConfig, SynthWorld
+    plain = SynthWorld(SynthConfig(users=300, seed=4))
+    local = SynthWorld(SynthConfig(users=300, seed=4, locality=1.0))
+    per_coarse = plain.cfg.mid * plain.cfg.fine
+    spread = [len({f // per_coarse for f in ints}) for ints in plain.user_interests]
+    assert max(spread) > 1
+    assert all(len({f // per_coarse for f in ints}) == 1 for ints in local.user_interests)
+    assert [len(i) for i in local.user_interests] == [len(i) for i in plain.user_interests]
+    assert [i[0] for i in local.user_interests] == [i[0] for i in plain.user_interests]
+    assert np.array_equal(local.ad_fine, plain.ad_fine) and local.user_drift == plain.user_drift
+    with pytest.raises(ValueError, match="locality"):
+        SynthConfig(locality=1.5)
