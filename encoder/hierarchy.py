@@ -6,8 +6,11 @@ the tree is therefore refitted top-down by spherical k-means (faiss): the coarse
 clusters all embeddings, every coarse cluster is split into its children, and so on, so
 every fine primitive has exactly the parent the model's fixed parent map gives it
 (contiguous blocks) and siblings really are close. Coarse prototypes stay the normalised
-means of their children (`HierarchicalEncoder.level_prototypes`). Single-threaded k-means
-with fixed seeds: the same embeddings give the same prototypes.
+means of their children (`HierarchicalEncoder.level_prototypes`). Each split keeps the best
+of `RESTARTS` k-means runs by their objective: with one run the coarse level depended on its
+seed (NMI against planted coarse interests 0.58-0.85 over four seeds on the same embeddings;
+0.82-0.85 with 10 restarts). Single-threaded k-means with fixed seeds: the same embeddings
+give the same prototypes.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import faiss
 import numpy as np
 
 log = logging.getLogger(__name__)
+RESTARTS = 10
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -29,7 +33,7 @@ def _split(points: np.ndarray, n: int, around: np.ndarray, seed: int) -> np.ndar
     jittered copies of `around` (the parent) fill the rest."""
     d = around.shape[0]
     if len(points) >= max(2, n):
-        km = faiss.Kmeans(d, n, niter=20, seed=seed, spherical=True, verbose=False,
+        km = faiss.Kmeans(d, n, niter=20, nredo=RESTARTS, seed=seed, spherical=True, verbose=False,
                           min_points_per_centroid=1, max_points_per_centroid=100_000)
         km.train(np.ascontiguousarray(points, np.float32))
         return _unit(km.centroids.astype(np.float32))
