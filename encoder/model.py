@@ -101,9 +101,10 @@ class HierarchicalEncoder(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.d_emb)
         k_fine = cfg.levels[-1]
         self.prototypes = nn.Parameter(F.normalize(torch.randn(k_fine, cfg.d_emb), dim=-1))
-        # per-type mean embedding, removed from every output: zero while training; the trainer
-        # may set it after training (`centre_types`), since node type is otherwise the largest
-        # direction of the space and the coarsest primitives split nodes by type, not interest
+        # per-type mean embedding, removed before an embedding meets the prototypes (not from
+        # the embedding served for retrieval): zero while training; the trainer sets it after
+        # training (`centre_types`), since node type is otherwise the largest direction of the
+        # space and the coarsest primitives split nodes by type, not by interest
         self.register_buffer("type_centre", torch.zeros(cfg.n_types, cfg.d_emb))
         for i, k in enumerate(cfg.levels):
             self.register_buffer(f"parent_{i}", torch.arange(k_fine) * k // k_fine, persistent=False)
@@ -143,12 +144,17 @@ class HierarchicalEncoder(nn.Module):
         for blk in self.blocks:
             x = blk(x, b, backend, layout)
         emb = F.normalize(self.head(self.ln_f(x[b.anchor_pos])), dim=-1)   # (V, d_emb)
-        emb = F.normalize(emb - self.type_centre[b.type_ids[b.anchor_pos]], dim=-1)
-        logits = [emb @ p.T / self.cfg.temperature for p in self.level_prototypes()]
+        z = self.centred(emb, b.type_ids[b.anchor_pos])
+        logits = [z @ p.T / self.cfg.temperature for p in self.level_prototypes()]
         return emb, logits
 
-    def assign(self, emb: torch.Tensor) -> torch.Tensor:
-        """(V, levels) primitive per level: fine by argmax, coarser as its ancestors, so the
-        assignments always form a path in the tree."""
-        fine = (emb @ F.normalize(self.prototypes, dim=-1).T).argmax(-1)
+    def centred(self, emb: torch.Tensor, type_ids: torch.Tensor) -> torch.Tensor:
+        """`emb` in the prototypes' space: less its type's mean, unit length. Retrieval keeps
+        the plain embedding, whose type mean carries a useful per-item prior."""
+        return F.normalize(emb - self.type_centre[type_ids], dim=-1)
+
+    def assign(self, emb: torch.Tensor, type_ids: torch.Tensor) -> torch.Tensor:
+        """(V, levels) primitive per level of embeddings `emb` of nodes of types `type_ids`:
+        fine by argmax, coarser as its ancestors, so the assignments always form a path."""
+        fine = (self.centred(emb, type_ids) @ F.normalize(self.prototypes, dim=-1).T).argmax(-1)
         return torch.stack([self.parents(i)[fine] for i in range(len(self.cfg.levels))], dim=-1)

@@ -81,6 +81,12 @@ class ServingModel:
         with torch.no_grad():
             return [p.float().cpu().numpy() for p in self.encoder.level_prototypes()]
 
+    def type_centres(self) -> np.ndarray | None:
+        """(n_types, d) mean embedding per node type, removed before comparing with prototypes."""
+        if self.encoder is None:
+            return None
+        return self.encoder.type_centre.float().cpu().numpy()
+
     @torch.no_grad()
     def encode(self, views: Sequence[View], knowledge: Mapping[str, np.ndarray]):
         if self.cold is not None:
@@ -88,7 +94,7 @@ class ServingModel:
         model = self.encoder
         b = pack(views, model.cfg.pack, knowledge=knowledge).to(model.device)
         emb, _ = model(b, model.backend(training=False, max_view=max(b.view_sizes)))
-        assign = model.assign(emb).cpu().numpy().astype(np.int32)
+        assign = model.assign(emb, b.type_ids[b.anchor_pos]).cpu().numpy().astype(np.int32)
         emb = emb.float().cpu().numpy()
         return emb, assign, self.quantizer.tokens(emb)
 

@@ -25,13 +25,15 @@ import numpy as np
 class MemoryIndex:
     def __init__(self, gen: int, model: str | None, d: int, m: int, levels: int,
                  type_names: Sequence[str], nbits: int = 8, codebooks: np.ndarray | None = None,
-                 prototypes: Sequence[np.ndarray] | None = None) -> None:
+                 prototypes: Sequence[np.ndarray] | None = None,
+                 centres: np.ndarray | None = None) -> None:
         self.gen, self.model, self.d, self.m, self.levels = gen, model, d, m, levels
         self.nbits = nbits
         self.type_code = {t: i for i, t in enumerate(type_names)}
         self.type_names = list(type_names)
         self.codebooks = codebooks              # (m, 2^nbits, d) or None (cold start)
         self.prototypes = list(prototypes) if prototypes is not None else None  # per level (K_l, d)
+        self.centres = centres                  # (n_types, d) type means, removed before prototypes
         self.rows: dict[str, int] = {}
         self.ids: list[str] = []
         self.n = 0
@@ -164,6 +166,22 @@ class MemoryIndex:
                     "tokens": self.tokens[r].tolist(), "assign": self.assign[r].tolist(),
                     "seq": int(self.seq[r]), "model": self.model, "generation": self.gen}
 
+    def prototype_cosine(self, node: str, level: int, prim: int) -> float | None:
+        """Cosine of a node to a primitive's prototype, in the space the assignments use."""
+        with self.lock:
+            r = self.rows.get(node)
+            if r is None or self.prototypes is None:
+                return None
+            return float(self._towards_prototypes(np.array([r]))[0] @ self.prototypes[level][prim])
+
+    def _towards_prototypes(self, rows: np.ndarray) -> np.ndarray:
+        """Embeddings of `rows` less their type's mean, unit length (as the model assigns)."""
+        x = self.emb[rows]
+        if self.centres is None:
+            return x
+        x = x - self.centres[self.types[rows]]
+        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
     def assignments(self, nodes) -> dict[str, list[int]]:
         """Assignment per level of those of `nodes` that are indexed, in one gather."""
         with self.lock:
@@ -291,7 +309,7 @@ class MemoryIndex:
                 codes = [self.type_code[t] for t in types if t in self.type_code]
                 rows = rows[np.isin(self.types[rows], codes)]
             if self.prototypes is not None:
-                scores = self.emb[rows] @ self.prototypes[level][prim]
+                scores = self._towards_prototypes(rows) @ self.prototypes[level][prim]
             else:
                 scores = np.zeros(len(rows), np.float32)
             order = np.argsort(-scores, kind="stable")[:k]

@@ -79,6 +79,12 @@ class SchemaConfig:
     def all_node_types(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.node_types + self.extra_node_types))
 
+    def type_codes(self, nodes) -> list[int]:
+        """Index into `all_node_types` of each node id's type ("ad:a1" -> that of "ad"); 0
+        for an unknown type, as views encode it."""
+        index = {t: i for i, t in enumerate(self.all_node_types)}
+        return [index.get(n.partition(":")[0], 0) for n in nodes]
+
     @property
     def all_actions(self) -> dict[str, ActionSpec]:
         return {**self.actions, **self.extra_actions}

@@ -296,9 +296,9 @@ def _text_encode(enabled: bool):
               help="Most steps per pass over a 24 h chunk.")
 @click.option("--passes", type=int, default=1, show_default=True,
               help="Shuffled passes over each chunk's events.")
-@click.option("--centre-types", is_flag=True,
-              help="Remove each node type's mean embedding after training (a hierarchy by "
-                   "interest, not by type; better cold start, weaker warm recall).")
+@click.option("--centre-types/--no-centre-types", default=True, show_default=True,
+              help="Fit and assign primitives to embeddings less their node type's mean (a "
+                   "hierarchy by interest, not by type); retrieval keeps the plain embedding.")
 @click.option("--sample-workers", type=int, default=1, show_default=True,
               help="Threads sampling views ahead of the model (0: inline).")
 @click.option("--knowledge/--no-knowledge", default=True, show_default=True,

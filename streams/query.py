@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import Mapping
 
-import numpy as np
 
 from streams.refresh import RefreshLoop
 
@@ -127,7 +126,9 @@ class QueryService:
             raise QueryError(404, f"{node} is not in the index")
         weights = self.refresh.supergraph.node_primitives(mem.gen, node, lv, int(time.time() * 1000))
         total = sum(abs(w) for w in weights.values())
-        cos = float(np.dot(rec["embedding"], mem.prototypes[lv][p]))
+        cos = mem.prototype_cosine(node, lv, p)
+        if cos is None:
+            raise QueryError(404, f"{node} is not in the index")
         return {"node": node, "level": lv, "primitive": p, "cosine": round(cos, 6),
                 "assigned": rec["assign"][lv] == p,
                 "behaviour_weight": round(weights.get(p, 0.0), 6),

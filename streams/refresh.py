@@ -144,7 +144,7 @@ class RefreshLoop:
     def _memory_for(self, gen: int, model: ServingModel) -> MemoryIndex:
         return MemoryIndex(gen, model.id, model.d, model.m, model.levels, self.types,
                            nbits=model.nbits, codebooks=model.codebooks,
-                           prototypes=model.prototypes())
+                           prototypes=model.prototypes(), centres=model.type_centres())
 
     def _resend_outbox(self) -> None:
         pending = list(self.index.outbox())

@@ -142,10 +142,12 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
                 res[f"{method}_recall@{k}"] = round(r, 4)
                 res[f"{method}_ndcg@{k}"] = round(n, 4)
         metrics[name] = res
+    with torch.no_grad():
+        assign = model.assign(torch.from_numpy(emb), torch.tensor(schema.type_codes(nodes))).numpy()
     metrics["cold_start"] = _cold_start(emb, index, items, cold, cold_emb, before, test, ks)
     if labels:
-        metrics["hierarchy"] = _hierarchy(model, emb, nodes, labels)
-    metrics["densification"] = _densification(model, emb, index, before)
+        metrics["hierarchy"] = _hierarchy(assign, nodes, labels)
+    metrics["densification"] = _densification(assign, index, before)
     metrics["bom_recall@100"] = _bom_recall(emb, ck)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     _plot(metrics, out / "recall.png", ks)
@@ -194,16 +196,13 @@ def _cold_start(emb, index, items: list[str], cold: list[str], cold_emb: np.ndar
     return res
 
 
-@torch.no_grad()
-def _densification(model: HierarchicalEncoder, emb: np.ndarray, index: Mapping[str, int],
-                   edges: Sequence[Engagement]) -> dict:
+def _densification(assign: np.ndarray, index: Mapping[str, int], edges: Sequence[Engagement]) -> dict:
     """Per level: density of the primitive graph (primitives joined when any of their nodes
     share an edge) over the density of the raw node graph."""
     pairs = {(min(index[e.src], index[e.dst]), max(index[e.src], index[e.dst]))
              for e in edges if e.src != e.dst}
     n = len(index)
     raw = len(pairs) / max(1, n * (n - 1) / 2)
-    assign = model.assign(torch.from_numpy(emb)).numpy()
     out = {"raw_density": round(raw, 6)}
     for lvl in range(assign.shape[1]):
         a = assign[:, lvl]
@@ -215,12 +214,10 @@ def _densification(model: HierarchicalEncoder, emb: np.ndarray, index: Mapping[s
     return out
 
 
-@torch.no_grad()
-def _hierarchy(model: HierarchicalEncoder, emb: np.ndarray, nodes: list[str],
-               labels: Mapping[str, Mapping[str, int]]) -> dict:
-    """NMI / ARI per level. Planted labels (coarse / mid / fine) are compared level by level,
-    coarsest with coarsest; any other label (a Taobao category) with every level."""
-    assign = model.assign(torch.from_numpy(emb)).numpy()            # (N, levels) coarse..fine
+def _hierarchy(assign: np.ndarray, nodes: list[str], labels: Mapping[str, Mapping[str, int]]) -> dict:
+    """NMI / ARI per level of `assign` (N, levels; coarse to fine). Planted labels (coarse /
+    mid / fine) are compared level by level, coarsest with coarsest; any other label (a Taobao
+    category) with every level."""
     picked = [i for i, n in enumerate(nodes) if n in labels]
     keys = sorted({k for i in picked for k in labels[nodes[i]]})
     tree = [k for k in ("coarse", "mid", "fine") if k in keys]

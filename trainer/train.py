@@ -69,7 +69,7 @@ class TrainConfig:
     passes: int = 1                  # shuffled passes over each chunk's events
     cold_share: float = 0.2          # student views reduced to the anchor alone (cold-start drill)
     refit_prototypes: bool = True    # fit the primitive tree to the final embeddings (k-means)
-    centre_types: bool = False       # remove each type's mean from the outputs before the fit
+    centre_types: bool = True        # fit primitives to embeddings less their type's mean
     teacher_view: ViewConfig = TEACHER
     student_view: ViewConfig = STUDENT
     quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
@@ -203,17 +203,20 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     timing["wall_s"] = time.perf_counter() - wall
     if stats is not None:
         stats.update(timing)
+    types = torch.tensor(schema.type_codes(emb_nodes), dtype=torch.long, device=dev)
+    if cfg.centre_types:
+        _centre_types(student, embs, types.cpu().numpy())
     if cfg.refit_prototypes:
-        if cfg.centre_types:
-            embs = _centre_types(student, embs, emb_nodes, schema)
-        fine = fit_tree(embs, enc_cfg.levels, cfg.seed)
+        with torch.no_grad():
+            fit_to = student.centred(torch.from_numpy(embs).to(dev), types).cpu().numpy()
+        fine = fit_tree(fit_to, enc_cfg.levels, cfg.seed)
         if fine is not None:
             with torch.no_grad():
                 student.prototypes.copy_(torch.from_numpy(fine).to(student.prototypes.device))
-    quant = BoMQuantizer(enc_cfg.d_emb, cfg.quantizer).train(embs)
+    quant = BoMQuantizer(enc_cfg.d_emb, cfg.quantizer).train(embs)      # retrieval: plain embeddings
     metrics = dict(metrics)
     with torch.no_grad():
-        used = student.assign(torch.from_numpy(embs).to(dev)).cpu().numpy()
+        used = student.assign(torch.from_numpy(embs).to(dev), types).cpu().numpy()
     metrics["primitives_used"] = [int(len(np.unique(used[:, i]))) for i in range(used.shape[1])]
     metrics["reconstruction_error"] = quant.reconstruction_error(embs)
     weights = {f"encoder.{k}": v for k, v in student.state_dict().items()}
@@ -258,19 +261,14 @@ def _texts_digest(texts) -> str | None:
     return h.hexdigest()
 
 
-def _centre_types(model: HierarchicalEncoder, embs: np.ndarray, nodes: list[str],
-                  schema: SchemaConfig) -> np.ndarray:
-    """Store each node type's mean embedding in the model (its outputs are centred from now
-    on) and return `embs` centred the same way, as the model would now encode them."""
-    index = {t: i for i, t in enumerate(schema.all_node_types)}
-    types = np.array([index.get(n.partition(":")[0], 0) for n in nodes], np.int64)
+def _centre_types(model: HierarchicalEncoder, embs: np.ndarray, types: np.ndarray) -> None:
+    """Store each node type's mean embedding in the model: from now on embeddings meet the
+    prototypes less their type's mean (`HierarchicalEncoder.centred`)."""
     centre = np.zeros((model.cfg.n_types, embs.shape[1]), np.float32)
     for t in np.unique(types):
         centre[t] = embs[types == t].mean(0)
     with torch.no_grad():
-        model.type_centre.copy_(torch.from_numpy(centre))
-    out = embs - centre[types]
-    return (out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+        model.type_centre.copy_(torch.from_numpy(centre).to(model.type_centre.device))
 
 
 def _warm_start(student: HierarchicalEncoder, head: "EngagementHead", init: ckpt.Checkpoint,

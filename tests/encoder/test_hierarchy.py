@@ -26,7 +26,7 @@ def test_refitted_tree_recovers_planted_clusters_and_parents():
     model = HierarchicalEncoder(EncoderConfig.for_schema(SchemaConfig(), levels=(4, 16), d_emb=32))
     with torch.no_grad():
         model.prototypes.copy_(torch.from_numpy(protos))
-        a = model.assign(torch.from_numpy(x)).numpy()
+        a = model.assign(torch.from_numpy(x), torch.zeros(len(x), dtype=torch.long)).numpy()
     assert nmi(fine // 4, a[:, 0]) > 0.9 and nmi(fine, a[:, 1]) > 0.9
     assert (a[:, 0] == a[:, 1] * 4 // 16).all()                  # coarse is the fine's parent
     assert len(np.unique(a[:, 1])) == 16                         # every primitive in use
@@ -38,3 +38,31 @@ def test_tree_with_more_primitives_than_points_and_uneven_levels():
     protos = fit_tree(x, (4, 64), seed=1)
     assert protos.shape == (64, 32) and np.isfinite(protos).all()
     assert fit_tree(x, (3, 16)) is None                          # 16 is not a multiple of 3
+
+
+def test_type_centre_moves_assignments_not_embeddings():
+    """A node type's mean is removed before its embeddings meet the prototypes, so nodes
+    that all lean the type's way are still told apart by the rest; the embedding the model
+    returns (which retrieval uses) stays as it was."""
+    from encoder.batching import pack
+    from tests.encoder.views import random_views
+    F = torch.nn.functional
+    model = HierarchicalEncoder(EncoderConfig.for_schema(SchemaConfig(), levels=(2, 4), d_emb=32)).eval()
+    g = torch.Generator().manual_seed(0)
+    lean = F.normalize(torch.randn(32, generator=g), dim=-1)
+    protos = F.normalize(torch.randn(4, 32, generator=g), dim=-1)
+    protos[0] = lean
+    planted = torch.arange(30) % 3 + 1                            # each node near prototype 1-3
+    emb = F.normalize(3 * lean + protos[planted] + 0.05 * torch.randn(30, 32, generator=g), dim=-1)
+    types = torch.zeros(30, dtype=torch.long)
+    b = pack(random_views(3, 12), model.cfg.pack)
+    with torch.no_grad():
+        plain, _ = model(b)
+        model.prototypes.copy_(protos)
+        assert (model.assign(emb, types)[:, -1] == 0).all()      # uncentred: all on the lean
+        model.type_centre[0] = emb.mean(0)
+        assert torch.equal(model.assign(emb, types)[:, -1], planted)
+        model.type_centre.copy_(emb.mean(0).expand_as(model.type_centre))
+        out, logits = model(b)
+    assert torch.allclose(out, plain, atol=1e-6)                 # the embedding is unchanged
+    assert torch.equal(logits[-1].argmax(-1), model.assign(out, b.type_ids[b.anchor_pos])[:, -1])

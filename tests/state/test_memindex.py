@@ -131,3 +131,22 @@ def test_assignments_of_many_nodes_after_compaction_reordered_the_rows():
     got = ix.assignments(["ad:3", "ad:499", "ad:nope"])
     assert got == {"ad:3": [3, 3], "ad:499": [499, 2]}
     assert ix.assignments(["ad:nope"]) == {}
+
+
+def test_members_and_cosines_measure_nodes_less_their_types_mean():
+    """Prototypes live in the type-centred space: members are ranked, and a node's cosine to a
+    prototype is taken, after its type's mean is removed (as the model assigns them)."""
+    d = 8
+    e = np.eye(d, dtype=np.float32)
+    centres = np.stack([3 / 10 ** 0.5 * e[0], np.zeros(d, np.float32)])   # "ad" leans on axis 0
+    proto = [e[1:2]]                                                  # one primitive, axis 1
+    ix = MemoryIndex(0, "t", d, 2, 1, ["ad", "user"], prototypes=proto, centres=centres)
+    near, far = e[0] * 3 + e[1], e[0] * 3 + e[2]
+    emb = np.stack([far, near, e[1] + e[2]])
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    ix.bulk_load(["ad:far", "ad:near", "user:u"], emb, np.zeros((3, 2), np.int64), np.zeros((3, 1), np.int32))
+    got = ix.members(0, 0)
+    assert [n for n, _ in got] == ["ad:near", "user:u", "ad:far"]
+    assert abs(got[0][1] - 1.0) < 1e-6 and abs(ix.prototype_cosine("ad:near", 0, 0) - 1.0) < 1e-6
+    assert abs(ix.prototype_cosine("user:u", 0, 0) - 2 ** -0.5) < 1e-6
+    assert ix.prototype_cosine("ad:none", 0, 0) is None

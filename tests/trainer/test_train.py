@@ -192,9 +192,9 @@ def test_run_every_keeps_the_last_good_checkpoint_after_a_failed_round(tmp_path)
 
 
 def test_centring_types_stores_each_types_mean(tmp_path):
-    """With centre_types the checkpoint holds one mean embedding per seen node type (a mean of
-    unit vectors: norm in (0, 1]); without it the centres stay zero."""
-    schema, enc, cfg = small(tmp_path, centre_types=True)
+    """With centre_types (the default) the checkpoint holds one mean embedding per seen node
+    type (a mean of unit vectors: norm in (0, 1]); without it the centres stay zero."""
+    schema, enc, cfg = small(tmp_path)
     ck = load(train(events(), schema, enc, cfg, tmp_path / "a", progress=False))
     norms = ck.weights["encoder.type_centre"].norm(dim=-1)
     types = list(schema.all_node_types)
@@ -202,6 +202,6 @@ def test_centring_types_stores_each_types_mean(tmp_path):
         assert 0.05 < float(norms[types.index(t)]) <= 1.0 + 1e-5
     assert ck.manifest["metrics"]["primitives_used"][-1] > 1
     (tmp_path / "b").mkdir()
-    schema, enc, cfg = small(tmp_path / "b")
+    schema, enc, cfg = small(tmp_path / "b", centre_types=False)
     plain = load(train(events(), schema, enc, cfg, tmp_path / "b" / "ck", progress=False))
     assert not plain.weights["encoder.type_centre"].any()
