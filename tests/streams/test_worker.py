@@ -4,6 +4,7 @@ import json
 import random
 import time
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from state.events import Engagement, Entity, encode_entity
@@ -15,6 +16,20 @@ from streams.synth import SynthConfig, SynthWorld
 from streams.topics import Topics
 from tests.state.helpers import apply_direct, assert_same_state, digest
 from tests.streams.worker_proc import WorkerProcess
+
+
+@pytest.fixture
+def workers(cfg, tmp_path):
+    """Starts worker processes (`workers(env)`); kills any still running at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(env: dict | None = None) -> WorkerProcess:
+        started.append(WorkerProcess(cfg, tmp_path / "worker.log", env).start())
+        return started[-1]
+
+    yield start
+    for w in started:
+        w.close()
 
 
 def committed_total(cfg, topic: str) -> int:
@@ -45,7 +60,8 @@ def _changes_by_seq(cfg) -> dict:
     return seen
 
 
-def test_kill_9_at_random_moments_loses_nothing_and_applies_nothing_twice(cfg, tmp_path, tiny_checkpoints):
+def test_kill_9_at_random_moments_loses_nothing_and_applies_nothing_twice(cfg, tmp_path, tiny_checkpoints,
+                                                                         workers):
     """Ingest and refresh both run in the killed process: state equals a direct apply, no
     dirty node is lost, no seq is reused for different content, index agrees with state."""
     world = SynthWorld(SynthConfig(events=30_000, users=300, advertisers=8, seed=11))
@@ -58,13 +74,13 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_nothing_twice(cfg, t
            "HIRFLOW_REFRESH__CHECKPOINT": str(tiny_checkpoints[0])}   # many commits, so kills land between and in them
     topic = Topics(cfg.kafka.topic_prefix).engagements
     for round_ in range(3):
-        w = WorkerProcess(cfg, tmp_path / "worker.log", env).start()
+        w = workers(env)
         remaining = len(evs) - committed_total(cfg, topic)
         target = rnd.randint(300, max(400, remaining // 4))    # kill well before the end
         w.wait_metric("hirflow_events_applied_total", target)
         time.sleep(rnd.random() * 0.05)
         w.kill9()
-    w = WorkerProcess(cfg, tmp_path / "worker.log", env).start()
+    w = workers(env)
     deadline = time.monotonic() + 90
     while committed_total(cfg, topic) < len(evs):
         assert time.monotonic() < deadline, "worker did not finish the stream"
@@ -93,7 +109,7 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_nothing_twice(cfg, t
         assert_same_state(after_crashes, digest(store))
 
 
-def test_worker_endpoints_and_entity_agent(cfg, tmp_path):
+def test_worker_endpoints_and_entity_agent(cfg, tmp_path, workers):
     topics = Topics(cfg.kafka.topic_prefix)
     now = int(time.time() * 1000)
     p = clients.producer(cfg.kafka)
@@ -102,7 +118,7 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path):
     p.produce(topics.engagements, json.dumps({"src": "user:1", "dst": "ad:7", "action": "click",
                                               "ts": now}).encode(), b"user:1")
     assert p.flush(30) == 0
-    w = WorkerProcess(cfg, tmp_path / "worker.log").start()
+    w = workers()
     try:
         w.wait_metric("hirflow_events_applied_total", 2)      # 1 engagement + 1 entity
         deadline = time.monotonic() + 30

@@ -65,6 +65,12 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
 
+    def close(self) -> None:
+        """Kill the worker if a failed test left it running (its sampling child then exits on
+        EOF); an orphaned worker would load the machine for every later run."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill9()
+
     def stop(self) -> int:
         """Graceful stop (SIGTERM) once the worker is fully up: before faust installs its signal
         handlers a SIGTERM just ends the process, which is safe (see the kill -9 test) but not
