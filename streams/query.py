@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import Mapping
 
-
 from streams.refresh import RefreshLoop
 
 MAX_K = 1000
