@@ -203,12 +203,13 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     timing["wall_s"] = time.perf_counter() - wall
     if stats is not None:
         stats.update(timing)
-    types = torch.tensor(schema.type_codes(emb_nodes), dtype=torch.long, device=dev)
+    codes = np.asarray(schema.type_codes(emb_nodes), np.int64)
+    types, emb_t = torch.from_numpy(codes).to(dev), torch.from_numpy(embs).to(dev)
     if cfg.centre_types:
-        _centre_types(student, embs, types.cpu().numpy())
+        _centre_types(student, embs, codes)
     if cfg.refit_prototypes:
         with torch.no_grad():
-            fit_to = student.centred(torch.from_numpy(embs).to(dev), types).cpu().numpy()
+            fit_to = student.centred(emb_t, types).cpu().numpy()
         fine = fit_tree(fit_to, enc_cfg.levels, cfg.seed)
         if fine is not None:
             with torch.no_grad():
@@ -216,7 +217,7 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     quant = BoMQuantizer(enc_cfg.d_emb, cfg.quantizer).train(embs)      # retrieval: plain embeddings
     metrics = dict(metrics)
     with torch.no_grad():
-        used = student.assign(torch.from_numpy(embs).to(dev), types).cpu().numpy()
+        used = student.assign(emb_t, types).cpu().numpy()
     metrics["primitives_used"] = [int(len(np.unique(used[:, i]))) for i in range(used.shape[1])]
     metrics["reconstruction_error"] = quant.reconstruction_error(embs)
     weights = {f"encoder.{k}": v for k, v in student.state_dict().items()}
