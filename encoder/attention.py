@@ -188,16 +188,24 @@ def dense_view_layout(batch: PackedBatch, bias: GraphBias) -> DenseViewLayout:
 
 
 def attend_dense_per_view(q, k, v, batch: PackedBatch, bias: GraphBias,
-                          layout: DenseViewLayout | None = None) -> torch.Tensor:
+                          layout: DenseViewLayout | None = None,
+                          anchors_only: bool = False) -> torch.Tensor:
     """The same attention computed view by view, padded to the largest view: (V, H, n, n)
-    biases only, with a backward on every device (the CPU training path)."""
+    biases only, with a backward on every device (the CPU training path). `anchors_only`:
+    only each view's anchor (its first slot) queries, -> (1, H, V, D) in view order."""
     lay = layout if layout is not None else dense_view_layout(batch, bias)
     V, n = lay.tok.shape
+    rows = 1 if anchors_only else n
     flat = lay.tok.reshape(-1)
-    qv, kv_, vv = (x[0].index_select(1, flat).unflatten(1, (V, n)).transpose(0, 1)
-                   for x in (q, k, v))                                  # (V, H, n, D)
-    b = F.embedding(lay.joint, joint_table(bias)) + lay.eweight[..., None] * bias.weight
-    out = F.scaled_dot_product_attention(qv, kv_, vv, attn_mask=b.permute(0, 3, 1, 2) + lay.mask)
+    kv_, vv = (x[0].index_select(1, flat).unflatten(1, (V, n)).transpose(0, 1)
+               for x in (k, v))                                        # (V, H, n, D)
+    qv = q[0].index_select(1, lay.tok[:, :rows].reshape(-1)).unflatten(1, (V, rows)).transpose(0, 1)
+    joint, eweight = lay.joint[:, :rows], lay.eweight[:, :rows]
+    b = F.embedding(joint, joint_table(bias)) + eweight[..., None] * bias.weight
+    out = F.scaled_dot_product_attention(qv, kv_, vv,
+                                         attn_mask=b.permute(0, 3, 1, 2) + lay.mask[:, :, :rows])
+    if anchors_only:
+        return out[:, :, 0].transpose(0, 1)[None]              # (1, H, V, D)
     full = torch.zeros_like(q[0]).transpose(0, 1)             # (S, H, D)
     full = full.index_put((batch.dense_tok[lay.valid],), out.transpose(1, 2)[lay.valid])
     return full.transpose(0, 1)[None]

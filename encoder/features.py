@@ -45,13 +45,15 @@ class NodeFeatures(nn.Module):
         self.knowledge_norm, self.image_norm = nn.LayerNorm(d), nn.LayerNorm(d)
         self.norm = nn.LayerNorm(d)
 
-    def forward(self, b: PackedBatch) -> torch.Tensor:
-        """-> (S, d) token embeddings. The id-only parts (deep hash, knowledge, image) are
-        computed once per distinct node of the batch and gathered to its tokens."""
-        x = self.type_emb(b.type_ids) + self.hop_emb(b.hop) + self.stats(b.stats)
-        x = x + self.rwse(b.rwse)
-        node = b.token_node
-        x = x + self.dhe(b.hash_x)[node] * b.frequent[:, None]            # frequent ids only
+    def forward(self, b: PackedBatch, n: int | None = None) -> torch.Tensor:
+        """-> (S, d) token embeddings, or the first `n` tokens' (n, d). The id-only parts (deep
+        hash, knowledge, image) are computed once per distinct node of the batch and gathered
+        to its tokens."""
+        sl = slice(None, n)
+        x = self.type_emb(b.type_ids[sl]) + self.hop_emb(b.hop[sl]) + self.stats(b.stats[sl])
+        x = x + self.rwse(b.rwse[sl])
+        node = b.token_node[sl]
+        x = x + self.dhe(b.hash_x)[node] * b.frequent[sl, None]           # frequent ids only
         known = (self.knowledge_norm(self.knowledge(b.knowledge)) * b.has_knowledge[:, None]
                  + self.image_norm(self.image(b.image)) * b.has_image[:, None])
         return self.norm(x + known[node])

@@ -73,20 +73,27 @@ class Block(nn.Module):
         self.bias = A.GraphBias(cfg.n_heads, cfg.pack.n_spd, cfg.n_actions,
                                 cfg.pack.recency_buckets, cfg.n_types)
 
-    def forward(self, x: torch.Tensor, b: PackedBatch, backend: str, layout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, b: PackedBatch, backend: str, layout,
+                anchors_only: bool = False) -> torch.Tensor:
         """`layout`: (BlockMask, PairLayout) on the flex paths, the DenseViewLayout on
-        dense_per_view."""
+        dense_per_view. `anchors_only` (the last block): -> (V, d), the anchors' rows only,
+        since nothing reads the other tokens' output (on dense_per_view only the anchors
+        query; elsewhere their rows are taken after attention)."""
         S = x.shape[0]
         q, k, v = self.qkv(self.ln1(x)).view(S, 3, self.h, self.d // self.h).permute(1, 2, 0, 3)
         q, k, v = q[None], k[None], v[None]                       # (1, H, S, hd)
         if backend == "dense_per_view":
-            y = A.attend_dense_per_view(q, k, v, b, self.bias, layout)
+            y = A.attend_dense_per_view(q, k, v, b, self.bias, layout, anchors_only=anchors_only)
         elif backend == "dense_packed":
             y = A.attend_dense_packed(q, k, v, b, self.bias)
         else:
             y = A.attend_flex(q, k, v, b, self.bias, layout[0], compiled=backend == "flex_compiled",
                               pairs=layout[1])
-        y = y[0].permute(1, 0, 2).reshape(S, self.d)               # (S, d)
+        if anchors_only:
+            x = x[b.anchor_pos]
+            if backend != "dense_per_view":
+                y = y[:, :, b.anchor_pos]
+        y = y[0].permute(1, 0, 2).reshape(x.shape[0], self.d)      # (rows, d)
         x = x + self.drop(self.proj(y))
         return x + self.drop(self.mlp(self.ln2(x)))
 
@@ -140,10 +147,15 @@ class HierarchicalEncoder(nn.Module):
             layout = A.dense_view_layout(b, self.blocks[0].bias)
         else:
             layout = None
-        x = self.features(b)
-        for blk in self.blocks:
-            x = blk(x, b, backend, layout)
-        emb = F.normalize(self.head(self.ln_f(x[b.anchor_pos])), dim=-1)   # (V, d_emb)
+        # the per-view path reads real tokens only: the padding up to the length bucket
+        # (there for the compiled kernels' shapes; ~20% of a serving batch) is left out
+        x = self.features(b, sum(b.view_sizes) if backend == "dense_per_view" else None)
+        last = len(self.blocks) - 1
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, b, backend, layout, anchors_only=i == last)   # the last: (V, d)
+        if not self.blocks:
+            x = x[b.anchor_pos]
+        emb = F.normalize(self.head(self.ln_f(x)), dim=-1)             # (V, d_emb)
         z = self.centred(emb, b.type_ids[b.anchor_pos])
         logits = [z @ p.T / self.cfg.temperature for p in self.level_prototypes()]
         return emb, logits

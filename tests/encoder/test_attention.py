@@ -176,3 +176,16 @@ def test_edge_tables_keep_the_heaviest_and_the_most_recent_edge_of_a_pair_either
         t0, m = int(together.tok_base[together.anchor_pos[i]]), view.size ** 2
         for name in ("spd", "etype", "eweight", "erec"):
             assert torch.equal(getattr(together, name)[t0:t0 + m], getattr(alone, name)[:m])
+
+
+def test_anchor_queries_alone_give_the_anchors_rows_of_the_full_output():
+    """The last block asks only for its anchors: the same rows as every token querying."""
+    cfg = PackConfig()
+    batch = pack(random_views(6, 11), cfg)
+    b = bias_with(None, cfg)
+    q, k, v = qkv(batch.seq_len)
+    with torch.no_grad():
+        full = A.attend_dense_per_view(q, k, v, batch, b)
+        anchors = A.attend_dense_per_view(q, k, v, batch, b, anchors_only=True)
+    assert anchors.shape == (1, H, batch.n_views, D)
+    assert torch.allclose(anchors, full[:, :, batch.anchor_pos], atol=1e-6, rtol=0)
