@@ -182,14 +182,14 @@ class MemoryIndex:
         x = x - self.centres[self.types[rows]]
         return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
-    def assignments(self, nodes) -> dict[str, list[int]]:
-        """Assignment per level of those of `nodes` that are indexed, in one gather."""
+    def assignments(self, nodes: Sequence[str]) -> np.ndarray:
+        """(len(nodes), levels) assignment per level of each node, in one gather; rows of
+        nodes not indexed are NO_PRIMITIVE (-1)."""
         with self.lock:
-            found = [(n, self.rows[n]) for n in nodes if n in self.rows]
-            if not found:
-                return {}
-            names, where = zip(*found)
-            return dict(zip(names, self.assign[list(where)].tolist()))
+            rows = np.fromiter((self.rows.get(n, -1) for n in nodes), np.int64, len(nodes))
+            out = self.assign[rows]
+        out[rows < 0] = -1
+        return out
 
     def probe_tokens(self, query: np.ndarray, probes: int) -> list[int]:
         """Tokens of the `probes` first-codebook codes nearest the query (multi-probe)."""

@@ -2,7 +2,8 @@
 
 A node's *contribution* is, per level and per (neighbour's primitive, action), the decay-
 algebra sum of its edges to neighbours assigned to that primitive: that is the node ->
-primitive weight. Primitive p <-> q at a level is the sum of the contributions towards q of
+primitive weight (computed for a whole batch at once with numpy: `decayed_sums`).
+Primitive p <-> q at a level is the sum of the contributions towards q of
 the nodes assigned to p (every edge is counted from both endpoints, so it is symmetric).
 When a node is refreshed its old contribution is subtracted from the rows of its old
 primitives and the new one added to its new primitives' rows; decayed sums are linear, so
@@ -11,15 +12,18 @@ reaches a node's contribution when that node is next refreshed.
 
 Keys in column family ``supergraph`` (gen = index generation, nk = node key)::
 
-    b"n" + gen + nk                      -> [assign, [[level, q, action, w, t_ref], ...]]
+    b"n" + gen + nk                      -> [assign, levels, qs, actions, ws, t_refs]
+                                            (columns; rows read in the earlier format too:
+                                            [assign, [[level, q, action, w, t_ref], ...]])
     b"p" + gen + level + p(4) + q(4)      -> {action: [w, t_ref]}
 """
 from __future__ import annotations
 
 import struct
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import msgspec
+import numpy as np
 
 from state.decay import add, value_at
 from state.index import NO_PRIMITIVE, IndexBatch, TokenIndex, gen_prefix
@@ -28,25 +32,33 @@ from state.node import NodeState
 _enc = msgspec.msgpack.Encoder().encode
 _dec = msgspec.msgpack.Decoder().decode
 
-Contribution = dict[tuple[int, int, str], tuple[float, int]]
+
+def decayed_sums(key: np.ndarray, w: np.ndarray, t: np.ndarray, rate: np.ndarray):
+    """Per distinct `key`, the decay-algebra sum of its (w, t) terms: t_ref = the latest t,
+    w = sum of each w decayed onto it (`state.decay.add` over a whole group at once).
+    -> (keys, first index of each key's group in `key`, w, t_ref)."""
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    start = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    tref = np.maximum.reduceat(t[order], start)
+    grp = np.repeat(np.arange(len(start)), np.diff(np.r_[start, len(k)]))
+    wd = w[order] * np.exp(-rate[order] * (tref[grp] - t[order]))
+    return k[start], order[start], np.add.reduceat(wd, start), tref
 
 
-def contribution(state: NodeState, assign_of: Callable[[str], Sequence[int] | None],
-                 rates: Mapping[str, float]) -> Contribution:
-    """(level, neighbour primitive, action) -> decayed (w, t_ref) over the node's edges."""
-    out: Contribution = {}
-    for (nbr, action, _d), (w, tref, _n, _f) in state.edges.items():
-        a = assign_of(nbr)
-        if not a:
-            continue
-        rate = rates[action]
-        for level, q in enumerate(a):
-            if q == NO_PRIMITIVE:
-                continue
-            k = (level, q, action)
-            cur = out.get(k)
-            out[k] = (w, tref) if cur is None else add(cur[0], cur[1], w, tref, rate)
-    return out
+class _Terms:
+    """Columns of decayed terms (level, p, q, action code, w, t): a node's contribution
+    rows, or the pair deltas of a batch, built with numpy instead of per-edge dicts."""
+
+    def __init__(self) -> None:
+        self.cols: list[list[np.ndarray]] = [[] for _ in range(6)]
+
+    def add(self, *cols) -> None:
+        for c, x in zip(self.cols, cols):
+            c.append(np.asarray(x))
+
+    def arrays(self):
+        return [np.concatenate(c) if c else np.zeros(0) for c in self.cols]
 
 
 def _node_key(gen: int, nk: bytes) -> bytes:
@@ -61,6 +73,9 @@ class SuperGraph:
     def __init__(self, index: TokenIndex) -> None:
         self.ix = index
         self.rates = index.store.rates
+        self.actions = sorted(self.rates)                       # action code -> name
+        self.code = {a: i for i, a in enumerate(self.actions)}
+        self.rate = np.array([self.rates[a] for a in self.actions], np.float64)
 
     @property
     def cf(self):
@@ -69,39 +84,93 @@ class SuperGraph:
 
     def update(self, batch: IndexBatch, gen: int,
                nodes: Sequence[tuple[NodeState, Sequence[int]]],
-               assign_of: Callable[[str], Sequence[int] | None]) -> None:
-        """Replace the contributions of these (state, new assignment) nodes in `batch`."""
+               assignments: Callable[[list[str]], np.ndarray]) -> None:
+        """Replace the contributions of these (state, new assignment) nodes in `batch`.
+        `assignments(names)` -> (len(names), levels) assignment of each neighbour (rows of
+        NO_PRIMITIVE for none). Rows: per node [assign, levels, qs, actions, ws, t_refs]."""
         if not nodes:
             return
-        nks = [self.ix.key(s.id) for s, _ in nodes]
-        olds = self.cf.get([_node_key(gen, nk) for nk in nks])
-        deltas: dict[tuple[int, int, int], dict[str, tuple[float, int]]] = {}
+        code = self.code
+        flat = [(i, nbr, code[a], w, t) for i, (s, _) in enumerate(nodes)
+                for (nbr, a, _d), (w, t, _n, _f) in s.edges.items()]
+        new_assign = np.array([list(a) for _, a in nodes], np.int64).reshape(len(nodes), -1)
+        L = new_assign.shape[1]
+        deltas = _Terms()
+        if flat:
+            own, nbr, act, w, t = zip(*flat)
+            pos = {n: j for j, n in enumerate(dict.fromkeys(nbr))}
+            na = np.asarray(assignments(list(pos)), np.int64).reshape(len(pos), -1)
+            A = na[np.fromiter((pos[n] for n in nbr), np.int64, len(nbr))]       # (E, levels)
+            own, act = np.array(own, np.int64), np.array(act, np.int64)
+            w, t = np.array(w, np.float64), np.array(t, np.int64)
+            e, lv = np.nonzero(A[:, :L] != NO_PRIMITIVE)                          # (edge, level)
+        else:
+            e = lv = np.zeros(0, np.int64)
+        if len(e):
+            q = A[e, lv]
+            key = ((own[e] * L + lv) * (int(q.max()) + 1) + q) * len(self.actions) + act[e]
+            _, first, cw, ct = decayed_sums(key, w[e], t[e], self.rate[act[e]])
+            # groups come out in key order, so each node's rows are one contiguous run
+            c_own, c_lv, c_q, c_act = own[e][first], lv[first], q[first], act[e][first]
+            p = new_assign[c_own, c_lv]
+            ok = p != NO_PRIMITIVE
+            deltas.add(c_lv[ok], p[ok], c_q[ok], c_act[ok], cw[ok], ct[ok])
+        else:
+            c_own = c_lv = c_q = c_act = ct = np.zeros(0, np.int64)
+            cw = np.zeros(0)
+        bounds = np.searchsorted(c_own, np.arange(len(nodes) + 1)).tolist()
+        keys = [_node_key(gen, self.ix.key(s.id)) for s, _ in nodes]
+        self._subtract([_dec(raw) for raw in self.cf.get(keys) if raw is not None], deltas)
+        for i in range(len(nodes)):
+            sl = slice(bounds[i], bounds[i + 1])
+            row = [new_assign[i].tolist(), c_lv[sl].tolist(), c_q[sl].tolist(),
+                   [self.actions[x] for x in c_act[sl].tolist()], cw[sl].tolist(), ct[sl].tolist()]
+            batch.put_raw("supergraph", keys[i], _enc(row))
+        self._apply_pairs(batch, gen, deltas)
 
-        def bump(level, p, q, action, w, tref):
-            row = deltas.setdefault((level, p, q), {})
-            cur = row.get(action)
-            row[action] = (w, tref) if cur is None else add(cur[0], cur[1], w, tref, self.rates[action])
+    def _subtract(self, olds: list[list], deltas: _Terms) -> None:
+        """The stored contributions of nodes, negated, onto their old primitives' rows."""
+        lv, q, acts, w, t, prev = [], [], [], [], [], []
+        for old in olds:
+            if len(old) == 2:                          # rows written before the columns format
+                cols = list(zip(*old[1])) or [()] * 5
+            else:
+                cols = old[1:]
+            for c, x in zip((lv, q, acts, w, t), cols):
+                c.extend(x)
+            prev.extend([old[0]] * len(cols[0]))
+        if not lv:
+            return
+        lv = np.array(lv, np.int64)
+        p = np.array([a[l] if l < len(a) else NO_PRIMITIVE for a, l in zip(prev, lv.tolist())], np.int64)
+        ok = p != NO_PRIMITIVE
+        act = np.fromiter((self.code[a] for a in acts), np.int64, len(acts))
+        deltas.add(lv[ok], p[ok], np.array(q, np.int64)[ok], act[ok],
+                   -np.array(w, np.float64)[ok], np.array(t, np.int64)[ok])
 
-        for (s, assign), nk, raw in zip(nodes, nks, olds):
-            if raw is not None:
-                old_assign, rows = _dec(raw)
-                for level, q, action, w, tref in rows:
-                    if level < len(old_assign) and old_assign[level] != NO_PRIMITIVE:
-                        bump(level, old_assign[level], q, action, -w, tref)
-            new = contribution(s, assign_of, self.rates)
-            for (level, q, action), (w, tref) in new.items():
-                if level < len(assign) and assign[level] != NO_PRIMITIVE:
-                    bump(level, assign[level], q, action, w, tref)
-            batch.put_raw("supergraph", _node_key(gen, nk), _enc(
-                [list(assign), [[lv, q, a, w, t] for (lv, q, a), (w, t) in new.items()]]))
-        keys = list(deltas)
-        raws = self.cf.get([_pair_key(gen, *k) for k in keys])
-        for k, raw in zip(keys, raws):
-            row = {} if raw is None else {a: tuple(v) for a, v in _dec(raw).items()}
-            for action, (w, tref) in deltas[k].items():
+    def _apply_pairs(self, batch: IndexBatch, gen: int, deltas: _Terms) -> None:
+        """Add the batch's deltas to the primitive <-> primitive rows (one multi-get)."""
+        lv, p, q, act, w, t = deltas.arrays()
+        if not len(lv):
+            return
+        lv, p, q, act = (x.astype(np.int64) for x in (lv, p, q, act))
+        P, Q, NA = int(p.max()) + 1, int(q.max()) + 1, len(self.actions)
+        key = ((lv * P + p) * Q + q) * NA + act
+        _, first, dw, dt = decayed_sums(key, w.astype(np.float64), t.astype(np.int64), self.rate[act])
+        rows: dict[tuple[int, int, int], list[tuple[str, float, int]]] = {}
+        for l_, p_, q_, a_, w_, t_ in zip(lv[first].tolist(), p[first].tolist(), q[first].tolist(),
+                                          act[first].tolist(), dw.tolist(), dt.tolist()):
+            rows.setdefault((l_, p_, q_), []).append((self.actions[a_], w_, t_))
+        keys = list(rows)
+        for k, raw in zip(keys, self.cf.get([_pair_key(gen, *k) for k in keys])):
+            row = {} if raw is None else _dec(raw)
+            for action, w_, t_ in rows[k]:
                 cur = row.get(action)
-                row[action] = (w, tref) if cur is None else add(cur[0], cur[1], w, tref, self.rates[action])
-            batch.put_raw("supergraph", _pair_key(gen, *k), _enc({a: list(v) for a, v in row.items()}))
+                if cur is None:
+                    row[action] = [w_, t_]
+                else:
+                    row[action] = list(add(cur[0], cur[1], w_, t_, self.rates[action]))
+            batch.put_raw("supergraph", _pair_key(gen, *k), _enc(row))
 
     # -- reads ----------------------------------------------------------------------------
     def node_primitives(self, gen: int, node_id: str, level: int, t: int) -> dict[int, float]:
@@ -109,7 +178,7 @@ class SuperGraph:
         raw = self.cf.get(_node_key(gen, self.ix.key(node_id)))
         out: dict[int, float] = {}
         if raw is not None:
-            for lv, q, action, w, tref in _dec(raw)[1]:
+            for lv, q, action, w, tref in _rows(_dec(raw)):
                 if lv == level:
                     out[q] = out.get(q, 0.0) + value_at(w, tref, t, self.rates[action])
         return out
@@ -129,3 +198,8 @@ class SuperGraph:
     def clear_generation(self, gen: int) -> None:
         for tag in (b"n", b"p"):
             self.ix.delete_prefix("supergraph", tag + gen_prefix(gen))
+
+
+def _rows(stored: list) -> list:
+    """(level, q, action, w, t_ref) rows of a stored node contribution (either format)."""
+    return stored[1] if len(stored) == 2 else list(zip(*stored[1:]))

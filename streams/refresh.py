@@ -298,13 +298,17 @@ class RefreshLoop:
             batch.put_record(gen, rec, old)
             out.append((rec, change))
         if model.encoder is not None:                  # primitives exist only with a checkpoint
-            # every neighbour's assignment, looked up once for the batch: this batch's own,
-            # else the index's (one gather), else none
-            by_node = {rec.node: rec.assign for rec, _ in out}
-            by_node.update(memory.assignments({nbr for s in states if s is not None
-                                               for nbr, _a, _d in s.edges} - by_node.keys()))
-            self.supergraph.update(batch, gen, [(s, by_node[s.id]) for s in states if s is not None],
-                                   by_node.get)
+            mine = {rec.node: rec.assign for rec, _ in out}
+
+            def assignments(names: list[str]):
+                """Each neighbour's: this batch's own, else the index's (one gather)."""
+                a = memory.assignments(names)
+                for j, n in enumerate(names):
+                    if (own := mine.get(n)) is not None:
+                        a[j] = own
+                return a
+            self.supergraph.update(batch, gen, [(s, mine[s.id]) for s in states if s is not None],
+                                   assignments)
         return out
 
     @staticmethod
