@@ -125,3 +125,15 @@ def test_node_keys_group_a_partition():
         key = codec.key(n)
         assert len(key) == 10 and int.from_bytes(key[:2], "big") == partition_of(n, 8)
     assert len({codec.key(n) for n in ids}) == len(ids)
+
+
+def test_a_node_state_round_trips_through_its_stored_form():
+    from state.node import NodeState
+    s = NodeState("ad:9")
+    assert NodeState.unpack(s.pack()).first is None                 # a node with no events yet
+    s.apply_sum("user:1", "click", OUT, 1.5, T0, 2, T0 - 5, T0, 1e-9)
+    s.apply_sum("campaign:1", "runs", IN, 1, T0 + 7, 1, T0 + 7, T0 + 7, 0.0)   # an int weight
+    back = NodeState.unpack(s.pack())
+    assert (back.id, back.first, back.last, back.events) == (s.id, s.first, s.last, s.events)
+    assert back.edges == s.edges and back.activity == s.activity
+    assert all(isinstance(k, tuple) and isinstance(v, tuple) for k, v in back.edges.items())
