@@ -216,11 +216,35 @@ class PackedBatch:
               for k, v in self.__dict__.items()}
         return PackedBatch(**kw)
 
+    @classmethod
+    def from_arrays(cls, arrays: Mapping) -> "PackedBatch":
+        """Tensors over `pack_arrays`'s numpy arrays (no copy)."""
+        return cls(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                      for k, v in arrays.items()})
+
 
 def pack(views: Sequence[View], cfg: PackConfig,
          knowledge: Mapping[str, np.ndarray] | None = None,
          images: Mapping[str, np.ndarray] | None = None) -> PackedBatch:
     """Pack views (CPU, numpy) into tensors; `knowledge`/`images` map node id -> vector."""
+    return PackedBatch.from_arrays(pack_arrays(views, cfg, knowledge, images))
+
+
+@dataclass(frozen=True)
+class Packer:
+    """`pack_arrays` with a config, picklable: a worker's view-sampling process packs the
+    views it sampled (`state.view_source`), and sends numpy arrays (unpickled in 0.6 ms
+    for 400 views, against 7 ms as tensors)."""
+    cfg: PackConfig
+
+    def __call__(self, views: Sequence[View], knowledge: Mapping[str, np.ndarray] | None):
+        return self.cfg, pack_arrays(views, self.cfg, knowledge)
+
+
+def pack_arrays(views: Sequence[View], cfg: PackConfig,
+                knowledge: Mapping[str, np.ndarray] | None = None,
+                images: Mapping[str, np.ndarray] | None = None) -> dict:
+    """`PackedBatch`'s fields as numpy arrays (plus view sizes and block size)."""
     if not views:
         raise ValueError("pack needs at least one view")
     sizes = [v.size for v in views]
@@ -287,15 +311,14 @@ def pack(views: Sequence[View], cfg: PackConfig,
                 vec = np.asarray(vec, np.float32)[:dim]
                 out[j, :len(vec)] = vec
                 has[j] = True
-    t = torch.from_numpy
-    return PackedBatch(
-        doc=t(doc), local=t(local), tok_base=t(tok_base), tok_n=t(tok_n),
-        anchor_pos=t(starts.copy()), type_ids=t(type_ids), hop=t(np.minimum(hop, 15)),
-        stats=t(stats), token_node=t(token_node), hash_x=t(hash_x), rwse=t(rw),
-        knowledge=t(kn), has_knowledge=t(has_kn),
-        image=t(im), has_image=t(has_im), frequent=t(stats[:, N_STATS - 1] > 0.5),
-        spd=t(spd), etype=t(etype), eweight=t(eweight), erec=t(erec),
-        type_q=t(type_q), type_k=t(type_k), dense_tok=t(dense_tok),
+    return dict(
+        doc=doc, local=local, tok_base=tok_base, tok_n=tok_n,
+        anchor_pos=starts.copy(), type_ids=type_ids, hop=np.minimum(hop, 15),
+        stats=stats, token_node=token_node, hash_x=hash_x, rwse=rw,
+        knowledge=kn, has_knowledge=has_kn,
+        image=im, has_image=has_im, frequent=stats[:, N_STATS - 1] > 0.5,
+        spd=spd, etype=etype, eweight=eweight, erec=erec,
+        type_q=type_q, type_k=type_k, dense_tok=dense_tok,
         view_sizes=list(sizes), block_size=cfg.block_size)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from encoder import checkpoint as ckpt
-from encoder.batching import pack
+from encoder.batching import PackConfig, PackedBatch, Packer, pack
 from encoder.model import EncoderConfig, HierarchicalEncoder
 from encoder.quantize import BoMQuantizer, QuantizerConfig
 from state.index import NO_PRIMITIVE
@@ -87,12 +87,24 @@ class ServingModel:
             return None
         return self.encoder.type_centre.float().cpu().numpy()
 
+    @property
+    def packer(self) -> Packer | None:
+        """What packs views for this model where they are sampled (None: cold start packs
+        nothing)."""
+        return None if self.encoder is None else Packer(self.encoder.cfg.pack)
+
     @torch.no_grad()
-    def encode(self, views: Sequence[View], knowledge: Mapping[str, np.ndarray]):
+    def encode(self, views: Sequence[View], knowledge: Mapping[str, np.ndarray],
+               prepared: tuple[PackConfig, dict] | None = None):
+        """`prepared`: a `Packer`'s output for these views, used when packed with this
+        model's config (a batch sampled before a hot swap is packed again here)."""
         if self.cold is not None:
             return self.cold.encode([v.anchor for v in views], knowledge)
         model = self.encoder
-        b = pack(views, model.cfg.pack, knowledge=knowledge).to(model.device)
+        if prepared is not None and prepared[0] == model.cfg.pack:
+            b = PackedBatch.from_arrays(prepared[1]).to(model.device)
+        else:
+            b = pack(views, model.cfg.pack, knowledge=knowledge).to(model.device)
         emb, _ = model(b, model.backend(training=False, max_view=max(b.view_sizes)))
         assign = model.assign(emb, b.type_ids[b.anchor_pos]).cpu().numpy().astype(np.int32)
         emb = emb.float().cpu().numpy()

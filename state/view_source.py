@@ -7,14 +7,18 @@ and the worker was bound by that lock while a core stood idle. `ViewProcess` mov
 to a child (`python -m state.view_source`) that follows the store as a RocksDB secondary
 instance and catches up before each request, so it reads everything the worker committed
 before it asked. Both sources have the same `submit` / `result` interface: the refresh loop
-submits the next batch and encodes the current one while the child samples.
+submits the next batch and encodes the current one while the child samples. A request may
+carry a `prepare` callable that the child runs on the views too: the refresh loop has it
+pack them for its encoder (`encoder.batching.Packer`), which took 13-16% of the refresh
+thread's time under the lock (bench/freshness.py at 2,000 events/s).
 
 Wire format (pickled messages over a socket pair, `_Channel`): the parent sends the
-set-up dict, then `(ticket, ids, cutoff)` per request and `None` to stop; the child answers
-`("ready", pid)` or `("error", message)`, then `(ticket, "ok", columns, ids, vectors,
-seconds)` or `(ticket, "error", traceback)`. Views travel as columns (each field of all views
-concatenated, plus their sizes) and world-knowledge vectors as one matrix: a few arrays
-instead of thousands of small ones to pickle and unpickle, the latter under the worker's lock.
+set-up dict, then `(ticket, ids, cutoff, prepare)` per request and `None` to stop; the child
+answers `("ready", pid)` or `("error", message)`, then `(ticket, "ok", columns, ids, vectors,
+seconds, prepared)` or `(ticket, "error", traceback)`. Views travel as columns (each field of
+all views concatenated, plus their sizes) and world-knowledge vectors as one matrix: a few
+arrays instead of thousands of small ones to pickle and unpickle, the latter under the
+worker's lock.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -45,14 +49,20 @@ EDGE_FIELDS = ("edge_src", "edge_dst", "edge_action", "edge_weight", "edge_age")
 
 log = logging.getLogger(__name__)
 
+# what a request may ask the sampling process to make of its views (picklable, e.g.
+# `encoder.batching.Packer`: the refresh loop gets packed arrays, not views to pack)
+Prepare = Callable[[list[View], Mapping[str, np.ndarray]], Any]
+
 
 @dataclass(frozen=True)
 class Sampled:
-    """A batch's views, the world-knowledge vectors of every node in them, and the seconds
-    the sampling took (catch-up included) where it ran."""
+    """A batch's views, the world-knowledge vectors of every node in them, the seconds the
+    sampling took (catch-up included) where it ran, and what the request's `prepare` made
+    of the views there (the encoder's packed arrays), if it had one."""
     views: list[View]
     knowledge: Mapping[str, np.ndarray]
     seconds: float
+    prepared: Any = None
 
 
 class LocalViews:
@@ -62,22 +72,23 @@ class LocalViews:
         self.store = store
         self.sampler = ViewSampler(store.reader, schema, config, seed=seed)
         self._tickets = itertools.count()
-        self._pending: dict[int, tuple[list[str], int]] = {}
+        self._pending: dict[int, tuple[list[str], int, Prepare | None]] = {}
 
-    def sample(self, ids: list[str], cutoff: int) -> Sampled:
-        """Views of `ids` as of `cutoff` (their cached records dropped first: they changed)
-        and the world-knowledge vectors of every node in them."""
+    def sample(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> Sampled:
+        """Views of `ids` as of `cutoff` (their cached records dropped first: they changed),
+        the world-knowledge vectors of every node in them, and `prepare(views, knowledge)`."""
         t0 = time.perf_counter()
         if self.store.follower:
             self.store.catch_up()
         self.sampler.invalidate(ids)
         views = self.sampler.sample(ids, cutoff)
         know = self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
-        return Sampled(views, know, time.perf_counter() - t0)
+        prepared = prepare(views, know) if prepare is not None and views else None
+        return Sampled(views, know, time.perf_counter() - t0, prepared)
 
-    def submit(self, ids: list[str], cutoff: int) -> int:
+    def submit(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> int:
         ticket = next(self._tickets)
-        self._pending[ticket] = (list(ids), cutoff)
+        self._pending[ticket] = (list(ids), cutoff, prepare)
         return ticket
 
     def result(self, ticket: int) -> Sampled:
@@ -158,8 +169,13 @@ class ViewProcess:
         shutil.rmtree(self._dir, ignore_errors=True)
         ours, theirs = socket.socketpair()
         try:
+            # one thread for whatever a request's `prepare` runs on torch or BLAS: the child
+            # works alone, and the threads of a pool spin or wait for each other whenever the
+            # other core is busy (in a freshness run, 2 threads: shortest paths took 12% of
+            # the child's time, 2 ms per batch alone)
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             self.proc = subprocess.Popen([sys.executable, "-m", "state.view_source", str(theirs.fileno())],
-                                         pass_fds=(theirs.fileno(),))
+                                         pass_fds=(theirs.fileno(),), env=env)
         finally:
             theirs.close()
         self.conn = _Channel(ours)
@@ -186,10 +202,10 @@ class ViewProcess:
         except (EOFError, OSError):
             raise self._exited() from None
 
-    def submit(self, ids: list[str], cutoff: int) -> int:
+    def submit(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> int:
         ticket = next(self._tickets)
         try:
-            self.conn.send((ticket, list(ids), cutoff))
+            self.conn.send((ticket, list(ids), cutoff, prepare))
         except OSError:
             raise self._exited() from None
         return ticket
@@ -200,13 +216,14 @@ class ViewProcess:
             got, status, *rest = self._recv()
             if status != "ok":
                 raise ViewProcessError(f"the view sampler process failed:\n{rest[0]}")
-            columns, ids, vectors, seconds = rest
+            columns, ids, vectors, seconds, prepared = rest
             self._replies[got] = Sampled(from_columns(columns),
-                                         {} if vectors is None else dict(zip(ids, vectors)), seconds)
+                                         {} if vectors is None else dict(zip(ids, vectors)),
+                                         seconds, prepared)
         return self._replies.pop(ticket)
 
-    def sample(self, ids: list[str], cutoff: int) -> Sampled:
-        return self.result(self.submit(ids, cutoff))
+    def sample(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> Sampled:
+        return self.result(self.submit(ids, cutoff, prepare))
 
     def close(self, timeout_s: float = 10.0) -> None:
         try:
@@ -238,12 +255,13 @@ def _serve(conn: _Channel) -> None:
             msg = conn.recv()
             if msg is None:
                 break
-            ticket, ids, cutoff = msg
+            ticket, ids, cutoff, prepare = msg
             try:
-                got = views.sample(ids, cutoff)
+                got = views.sample(ids, cutoff, prepare)
                 keys = list(got.knowledge)
                 vectors = np.stack([got.knowledge[k] for k in keys]) if keys else None
-                reply = (ticket, "ok", to_columns(got.views), keys, vectors, got.seconds)
+                reply = (ticket, "ok", to_columns(got.views), keys, vectors, got.seconds,
+                         got.prepared)
             except Exception:
                 reply = (ticket, "error", traceback.format_exc())
             conn.send(reply)

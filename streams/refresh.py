@@ -4,7 +4,8 @@ it announcements), so every index write comes from this one thread and none can 
 
 Views are sampled a batch ahead, by default in a child process on a follower of the store
 (`state.view_source`, `refresh.sample_process`): while this thread encodes and writes batch
-k, the child samples batch k+1, which was claimed when k's views arrived.
+k, the child samples batch k+1, which was claimed when k's views arrived, and packs it for
+the model in use (`ServingModel.packer`).
 
 Crash safety, in order:
 1. claim durable dirty nodes (`GraphWriter.claim_dirty`), encode them;
@@ -232,7 +233,7 @@ class RefreshLoop:
             nodes.setdefault(n, ts)
         if not nodes:
             return None
-        return _Batch(claimed, nodes, self.views.submit(list(nodes), now_ms()))
+        return _Batch(claimed, nodes, self.views.submit(list(nodes), now_ms(), self.active.packer))
 
     def _give_back_ahead(self) -> None:
         if self._ahead is not None:
@@ -246,18 +247,17 @@ class RefreshLoop:
         dirty markers of `claimed` nodes not dirtied again meanwhile go in the same batch."""
         t0 = time.perf_counter()
         ids = list(nodes)
-        sampled = sampled or self.views.sample(ids, now_ms())
+        sampled = sampled or self.views.sample(ids, now_ms(), self.active.packer)
         VIEW_SAMPLE_SECONDS.observe(sampled.seconds)
-        views, know = sampled.views, sampled.knowledge
         ts = now_ms()
         states = self.store.reader.states(ids)
         batch = self.index.batch()
-        out = self._write(batch, self.gen, self.active, self.memory, ids, views, know, states,
+        out = self._write(batch, self.gen, self.active, self.memory, ids, sampled, states,
                           nodes, ts, publish=True)
         build = self.building
         built = None
         if build is not None:
-            built = self._write(batch, build.gen, build.model, build.memory, ids, views, know,
+            built = self._write(batch, build.gen, build.model, build.memory, ids, sampled,
                                 states, nodes, ts, publish=False)
         ahead = self._ahead.claimed if self._ahead is not None else {}
         with self.writer.lock:
@@ -276,10 +276,10 @@ class RefreshLoop:
         REFRESH_SECONDS.observe(time.perf_counter() - t0)
         self._gauges()
 
-    def _write(self, batch, gen, model: ServingModel, memory: MemoryIndex, ids, views, know,
-               states, event_ts, ts, publish: bool):
+    def _write(self, batch, gen, model: ServingModel, memory: MemoryIndex, ids,
+               sampled: Sampled, states, event_ts, ts, publish: bool):
         """Encode with `model` and put records (+ changes when `publish`) into `batch`."""
-        emb, assign, tokens = model.encode(views, know)
+        emb, assign, tokens = model.encode(sampled.views, sampled.knowledge, sampled.prepared)
         olds = self.index.records(gen, ids)
         pubs = self.index.published(ids) if publish else [None] * len(ids)
         out = []
@@ -431,13 +431,12 @@ class RefreshLoop:
         if n > 0:
             ids = b.todo[b.done:b.done + n]
             ts = now_ms()
-            sampled = self.views.sample(ids, ts)
-            views, know = sampled.views, sampled.knowledge
+            sampled = self.views.sample(ids, ts, b.model.packer)
             states = self.store.reader.states(ids)
             olds = {r.node: r for r in self.index.records(self.gen, ids) if r is not None}
             event_ts = {i: (olds[i].event_ts if i in olds else ts) for i in ids}
             batch = self.index.batch()
-            out = self._write(batch, b.gen, b.model, b.memory, ids, views, know, states,
+            out = self._write(batch, b.gen, b.model, b.memory, ids, sampled, states,
                               event_ts, ts, publish=False)
             batch.commit()
             self._apply_memory(out, b.memory)

@@ -70,3 +70,26 @@ def test_a_follower_never_creates_a_store(tmp_path):
             keys = type("K", (), {"num_partitions": 4})()
         ViewProcess(Missing(), SchemaConfig(), STUDENT, seed=0)
     assert not (tmp_path / "nothing").exists()
+
+
+def test_the_child_packs_the_views_it_sampled_as_this_process_would(tmp_path):
+    from encoder.batching import PackConfig, Packer, pack_arrays
+    schema = SchemaConfig()
+    with GraphStore(tmp_path, schema, 4) as store:
+        apply_direct(store, world(np.random.default_rng(4), 30, 20, 1000), GraphConfig(path=str(tmp_path)))
+        store.commit(knowledge={"ad:2": np.ones(384, dtype=np.float32)})
+        anchors, cut = [f"user:{i}" for i in range(10)] + ["ad:2"], T0 + 31 * DAY
+        child = ViewProcess(store, schema, STUDENT, seed=5)
+        try:
+            there = child.sample(anchors, cut, prepare=Packer(PackConfig()))
+            assert child.sample(anchors, cut).prepared is None      # no prepare, nothing made
+        finally:
+            child.close()
+        here = LocalViews(store, schema, STUDENT, seed=5).sample(anchors, cut, Packer(PackConfig()))
+    cfg, arrays = there.prepared
+    assert cfg == PackConfig()
+    for got in (arrays, here.prepared[1]):
+        want = pack_arrays(there.views, cfg, there.knowledge)
+        assert got.keys() == want.keys() and got["knowledge"][:, 0].any()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)

@@ -1,0 +1,25 @@
+"""Serving encodes views packed where they were sampled exactly as views it packs itself,
+and packs again what was packed for another model's config (a batch from before a swap)."""
+import dataclasses
+
+import numpy as np
+
+from encoder.batching import PackConfig
+from encoder.serving import ServingModel
+from tests.encoder.views import random_views
+
+
+def test_prepared_arrays_give_the_same_encoding_and_a_foreign_config_is_repacked(tiny_checkpoints):
+    model = ServingModel.from_checkpoint(tiny_checkpoints[1])
+    views = random_views(2, 9, lo=3, hi=16)
+    emb, assign, tokens = model.encode(views, {})
+    cfg, arrays = model.packer(views, {})
+    assert cfg == model.encoder.cfg.pack
+    got = model.encode(views, {}, (cfg, arrays))
+    for a, b in zip(got, (emb, assign, tokens)):
+        np.testing.assert_array_equal(a, b)
+    other = dataclasses.replace(PackConfig(), rwse_steps=cfg.rwse_steps + 1)
+    broken = {k: v for k, v in arrays.items() if k != "rwse"}     # would fail if it were used
+    for a, b in zip(model.encode(views, {}, (other, broken)), (emb, assign, tokens)):
+        np.testing.assert_array_equal(a, b)
+    assert ServingModel.cold_start(["user", "ad"]).packer is None
