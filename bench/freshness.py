@@ -81,8 +81,8 @@ def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
 
 
 def run_rate(cfg, worker, stream, rate, seconds, phase):
-    """Returns (latency ms per change, endpoint mask, (node, event_ts, latency) per change,
-    refresh nodes/s, backlog samples, grows).
+    """Returns (latency ms per change, endpoint mask, (node, event_ts, latency, change ts)
+    per change, refresh nodes/s, backlog samples, grows, refresh batch figures).
 
     A change is an endpoint change when its node was touched by an event (an engagement's
     endpoint, an entity record) with exactly its `event_ts` (the node's oldest pending event)
@@ -101,7 +101,7 @@ def run_rate(cfg, worker, stream, rate, seconds, phase):
         while not stop.is_set():
             batch = sub.poll(POLL_S)
             now = time.time() * 1000
-            got.extend((c.node, c.event_ts, now - c.event_ts) for c in batch)
+            got.extend((c.node, c.event_ts, now - c.event_ts, c.ts) for c in batch)
 
     def remember(items):
         for it in items:
@@ -137,17 +137,25 @@ def run_rate(cfg, worker, stream, rate, seconds, phase):
     sub.close()
     m1 = worker.metrics()
     refreshed = m1.get("hirflow_nodes_refreshed_total", 0) - m0.get("hirflow_nodes_refreshed_total", 0)
+    d = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in (
+        "hirflow_refresh_batch_seconds_sum", "hirflow_refresh_batch_seconds_count",
+        "hirflow_refresh_batch_nodes_sum", "hirflow_view_wait_seconds_sum")}
+    n = max(1.0, d["hirflow_refresh_batch_seconds_count"])
+    batches = {"batches": int(d["hirflow_refresh_batch_seconds_count"]),   # the refresh thread
+               "mean_nodes": d["hirflow_refresh_batch_nodes_sum"] / n,     # over the phase
+               "mean_ms": 1000 * d["hirflow_refresh_batch_seconds_sum"] / n,   # and its drain
+               "view_wait_ms": 1000 * d["hirflow_view_wait_seconds_sum"] / n}
     half = len(backlog) // 2
     grows = bool(backlog and np.median(backlog[half:]) > 2 * max(1.0, np.median(backlog[:half])) + 500)
     mine = [g for g in got if g[1] >= start_ms]     # not the tail of an earlier phase
-    lat = np.array([x for _, _, x in mine])
+    lat = np.array([x for _, _, x, _ in mine])
     seen: set[tuple[str, int]] = set()               # the first change per (node, event) is the
     endpoint = np.zeros(len(mine), bool)             # endpoint's; later ones with the same
-    for i, (n, ts, _) in enumerate(mine):            # stamp are neighbour refreshes of a node
+    for i, (n, ts, _, _) in enumerate(mine):            # stamp are neighbour refreshes of a node
         if (n, ts) in touched and (n, ts) not in seen:   # that shared the event
             endpoint[i] = True
             seen.add((n, ts))
-    return lat, endpoint, mine, refreshed / elapsed, backlog, grows
+    return lat, endpoint, mine, refreshed / elapsed, backlog, grows, batches
 
 
 def _pct(x) -> list[float]:
@@ -200,25 +208,29 @@ def main() -> None:
                       f"(not counted)", flush=True)
             results = {}
             for i, rate in enumerate(rates):
-                lat, endpoint, mine, thr, backlog, grows = run_rate(cfg, worker, stream, rate,
-                                                                    seconds, phase=1 + i)
-                results[rate] = (lat, endpoint, thr, grows)
+                lat, endpoint, mine, thr, backlog, grows, batches = run_rate(
+                    cfg, worker, stream, rate, seconds, phase=1 + i)
+                results[rate] = (lat, endpoint, thr, grows, batches)
                 np.savez(out_dir / f"freshness-{rate:.0f}.npz", latency_ms=lat, endpoint=endpoint,
-                         node=np.array([n for n, _, _ in mine]),     # per change, in arrival
-                         event_ts=np.array([ts for _, ts, _ in mine]))   # order, for other plots
+                         node=np.array([n for n, _, _, _ in mine]),     # per change, in
+                         event_ts=np.array([ts for _, ts, _, _ in mine]),   # arrival order
+                         change_ts=np.array([cts for _, _, _, cts in mine]))
                 q, qe = _pct(lat), _pct(lat[endpoint])
                 print(f"{rate:,.0f} ev/s for {seconds:.0f}s: {len(lat)} changes, freshness p50 "
                       f"{q[0]:.0f} ms p95 {q[1]:.0f} ms p99 {q[2]:.0f} ms; endpoint changes "
                       f"({int(endpoint.sum())}) p50 {qe[0]:.0f} p95 {qe[1]:.0f} p99 {qe[2]:.0f} ms; "
                       f"refresh {thr:,.0f} nodes/s; dirty backlog "
-                      f"{'grows' if grows else 'steady'} (max {max(backlog or [0]):.0f})", flush=True)
+                      f"{'grows' if grows else 'steady'} (max {max(backlog or [0]):.0f}); "
+                      f"{batches['batches']} refresh batches of {batches['mean_nodes']:.0f} nodes "
+                      f"on average, each {batches['mean_ms']:.0f} ms to encode and write after "
+                      f"{batches['view_wait_ms']:.0f} ms waiting for its views", flush=True)
         finally:
             worker.stop()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (rate, (lat, endpoint, _, _)) in enumerate(results.items()):
+    for i, (rate, (lat, endpoint, *_)) in enumerate(results.items()):
         if len(lat):
             bins = np.logspace(0, 5, 60)
             ax.hist(np.clip(lat[endpoint], 1, None), bins=bins, histtype="step", color=f"C{i}",
@@ -235,7 +247,7 @@ def main() -> None:
     print(f"Kafka alone at {rates[0]:,.0f} msg/s: p50 {rq[0]:.1f} ms p99 {rq[1]:.1f} ms; plot {out_dir / 'freshness.png'}")
     figs = {"kafka_alone_p50_ms": {"value": round(float(rq[0]), 1), "unit": "ms"},
             "kafka_alone_p99_ms": {"value": round(float(rq[1]), 1), "unit": "ms"}}
-    for rate, (lat, endpoint, thr, grows) in results.items():
+    for rate, (lat, endpoint, thr, grows, batches) in results.items():
         q, qe = _pct(lat), _pct(lat[endpoint])
         r = int(rate)
         figs[f"endpoint_p50_ms_at_{r}"] = {"value": round(float(qe[0]), 1), "unit": "ms"}
@@ -248,6 +260,8 @@ def main() -> None:
         figs[f"p99_ms_at_{r}"] = {"value": round(float(q[2]), 1), "unit": "ms", "ratio_to_kafka_alone": round(float(q[2] / rq[1]), 1)}
         figs[f"refresh_nodes_per_s_at_{r}"] = {"value": round(thr), "unit": "nodes/s"}
         figs[f"backlog_grows_at_{r}"] = {"value": grows, "unit": "bool"}
+        figs[f"refresh_batch_nodes_at_{r}"] = {"value": round(batches["mean_nodes"]), "unit": "nodes"}
+        figs[f"refresh_batch_ms_at_{r}"] = {"value": round(batches["mean_ms"], 1), "unit": "ms"}
     print(json.dumps(figs))
 
 
