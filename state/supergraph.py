@@ -90,18 +90,28 @@ class SuperGraph:
         NO_PRIMITIVE for none). Rows: per node [assign, levels, qs, actions, ws, t_refs]."""
         if not nodes:
             return
-        code = self.code
-        flat = [(i, nbr, code[a], w, t) for i, (s, _) in enumerate(nodes)
-                for (nbr, a, _d), (w, t, _n, _f) in s.edges.items()]
+        # every edge of the batch as columns, transposed per node by zip (C, not a Python
+        # step per edge: a batch holds ~20k edges, and this was most of the update's time)
+        nbr, acts, w, t, counts = [], [], [], [], []
+        for s, _ in nodes:
+            if s.edges:
+                k = list(zip(*s.edges))
+                v = list(zip(*s.edges.values()))
+                nbr += k[0]
+                acts += k[1]
+                w += v[0]
+                t += v[1]
+            counts.append(len(s.edges))
         new_assign = np.array([list(a) for _, a in nodes], np.int64).reshape(len(nodes), -1)
         L = new_assign.shape[1]
         deltas = _Terms()
-        if flat:
-            own, nbr, act, w, t = zip(*flat)
-            pos = {n: j for j, n in enumerate(dict.fromkeys(nbr))}
-            na = np.asarray(assignments(list(pos)), np.int64).reshape(len(pos), -1)
-            A = na[np.fromiter((pos[n] for n in nbr), np.int64, len(nbr))]       # (E, levels)
-            own, act = np.array(own, np.int64), np.array(act, np.int64)
+        if nbr:
+            own = np.repeat(np.arange(len(nodes), dtype=np.int64), counts)
+            uniq = list(dict.fromkeys(nbr))
+            pos = dict(zip(uniq, range(len(uniq))))
+            na = np.asarray(assignments(uniq), np.int64).reshape(len(uniq), -1)
+            A = na[np.fromiter(map(pos.__getitem__, nbr), np.int64, len(nbr))]   # (E, levels)
+            act = np.fromiter(map(self.code.__getitem__, acts), np.int64, len(acts))
             w, t = np.array(w, np.float64), np.array(t, np.int64)
             e, lv = np.nonzero(A[:, :L] != NO_PRIMITIVE)                          # (edge, level)
         else:
@@ -157,20 +167,23 @@ class SuperGraph:
         P, Q, NA = int(p.max()) + 1, int(q.max()) + 1, len(self.actions)
         key = ((lv * P + p) * Q + q) * NA + act
         _, first, dw, dt = decayed_sums(key, w.astype(np.float64), t.astype(np.int64), self.rate[act])
-        rows: dict[tuple[int, int, int], list[tuple[str, float, int]]] = {}
-        for l_, p_, q_, a_, w_, t_ in zip(lv[first].tolist(), p[first].tolist(), q[first].tolist(),
-                                          act[first].tolist(), dw.tolist(), dt.tolist()):
-            rows.setdefault((l_, p_, q_), []).append((self.actions[a_], w_, t_))
-        keys = list(rows)
-        for k, raw in zip(keys, self.cf.get([_pair_key(gen, *k) for k in keys])):
-            row = {} if raw is None else _dec(raw)
-            for action, w_, t_ in rows[k]:
-                cur = row.get(action)
-                if cur is None:
-                    row[action] = [w_, t_]
-                else:
-                    row[action] = list(add(cur[0], cur[1], w_, t_, self.rates[action]))
-            batch.put_raw("supergraph", _pair_key(gen, *k), _enc(row))
+        g_lv, g_p, g_q = lv[first], p[first], q[first]       # sorted: a pair's actions adjacent
+        rk = (g_lv * P + g_p) * Q + g_q
+        starts = np.flatnonzero(np.r_[True, rk[1:] != rk[:-1]])
+        rec = np.empty(len(starts), [("level", "u1"), ("p", ">u4"), ("q", ">u4")])  # = _pair_key
+        rec["level"], rec["p"], rec["q"] = g_lv[starts], g_p[starts], g_q[starts]
+        raw, pre, size = rec.tobytes(), b"p" + gen_prefix(gen), rec.itemsize
+        keys = [pre + raw[i:i + size] for i in range(0, len(raw), size)]
+        names = [self.actions[a] for a in act[first].tolist()]
+        ws, ts = dw.tolist(), dt.tolist()
+        bounds = starts.tolist() + [len(rk)]
+        for i, old in enumerate(self.cf.get(keys)):
+            row = {} if old is None else _dec(old)
+            for j in range(bounds[i], bounds[i + 1]):
+                action, cur = names[j], row.get(names[j])
+                row[action] = [ws[j], ts[j]] if cur is None else \
+                    list(add(cur[0], cur[1], ws[j], ts[j], self.rates[action]))
+            batch.put_raw("supergraph", keys[i], _enc(row))
 
     # -- reads ----------------------------------------------------------------------------
     def node_primitives(self, gen: int, node_id: str, level: int, t: int) -> dict[int, float]:
