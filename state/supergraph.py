@@ -47,8 +47,8 @@ def decayed_sums(key: np.ndarray, w: np.ndarray, t: np.ndarray, rate: np.ndarray
 
 
 class _Terms:
-    """Columns of decayed terms (level, p, q, action code, w, t): a node's contribution
-    rows, or the pair deltas of a batch, built with numpy instead of per-edge dicts."""
+    """A batch's pair deltas as columns of decayed terms (level, p, q, action code, w, t):
+    old contributions negated onto old primitives, new ones onto new primitives."""
 
     def __init__(self) -> None:
         self.cols: list[list[np.ndarray]] = [[] for _ in range(6)]
