@@ -65,8 +65,12 @@ def _node_key(gen: int, nk: bytes) -> bytes:
     return b"n" + gen_prefix(gen) + nk
 
 
-def _pair_key(gen: int, level: int, p: int, q: int) -> bytes:
-    return b"p" + gen_prefix(gen) + bytes([level]) + struct.pack(">II", p, q)
+def _pair_keys(gen: int, level, p, q) -> list[bytes]:
+    """The keys of primitive pairs (columns of levels, p and q), built as one record array."""
+    rec = np.empty(len(level), [("level", "u1"), ("p", ">u4"), ("q", ">u4")])
+    rec["level"], rec["p"], rec["q"] = level, p, q
+    raw, pre, size = rec.tobytes(), b"p" + gen_prefix(gen), rec.itemsize
+    return [pre + raw[i:i + size] for i in range(0, len(raw), size)]
 
 
 class SuperGraph:
@@ -142,10 +146,7 @@ class SuperGraph:
         """The stored contributions of nodes, negated, onto their old primitives' rows."""
         lv, q, acts, w, t, prev = [], [], [], [], [], []
         for old in olds:
-            if len(old) == 2:                          # rows written before the columns format
-                cols = list(zip(*old[1])) or [()] * 5
-            else:
-                cols = old[1:]
+            cols = _columns(old)
             for c, x in zip((lv, q, acts, w, t), cols):
                 c.extend(x)
             prev.extend([old[0]] * len(cols[0]))
@@ -170,10 +171,7 @@ class SuperGraph:
         g_lv, g_p, g_q = lv[first], p[first], q[first]       # sorted: a pair's actions adjacent
         rk = (g_lv * P + g_p) * Q + g_q
         starts = np.flatnonzero(np.r_[True, rk[1:] != rk[:-1]])
-        rec = np.empty(len(starts), [("level", "u1"), ("p", ">u4"), ("q", ">u4")])  # = _pair_key
-        rec["level"], rec["p"], rec["q"] = g_lv[starts], g_p[starts], g_q[starts]
-        raw, pre, size = rec.tobytes(), b"p" + gen_prefix(gen), rec.itemsize
-        keys = [pre + raw[i:i + size] for i in range(0, len(raw), size)]
+        keys = _pair_keys(gen, g_lv[starts], g_p[starts], g_q[starts])
         names = [self.actions[a] for a in act[first].tolist()]
         ws, ts = dw.tolist(), dt.tolist()
         bounds = starts.tolist() + [len(rk)]
@@ -191,7 +189,7 @@ class SuperGraph:
         raw = self.cf.get(_node_key(gen, self.ix.key(node_id)))
         out: dict[int, float] = {}
         if raw is not None:
-            for lv, q, action, w, tref in _rows(_dec(raw)):
+            for lv, q, action, w, tref in zip(*_columns(_dec(raw))):
                 if lv == level:
                     out[q] = out.get(q, 0.0) + value_at(w, tref, t, self.rates[action])
         return out
@@ -213,6 +211,9 @@ class SuperGraph:
             self.ix.delete_prefix("supergraph", tag + gen_prefix(gen))
 
 
-def _rows(stored: list) -> list:
-    """(level, q, action, w, t_ref) rows of a stored node contribution (either format)."""
-    return stored[1] if len(stored) == 2 else list(zip(*stored[1:]))
+def _columns(stored: list) -> list:
+    """[levels, qs, actions, ws, t_refs] of a stored node contribution, in either format
+    (rows written before the columns format: [assign, [[level, q, action, w, t_ref], ...]])."""
+    if len(stored) == 2:
+        return list(zip(*stored[1])) or [()] * 5
+    return stored[1:]

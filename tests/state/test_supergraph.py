@@ -9,7 +9,7 @@ from state.graph import GraphStore
 from state.index import NO_PRIMITIVE, TokenIndex
 from state.node import NodeState
 from state.schema import SchemaConfig
-from state.supergraph import SuperGraph, _dec, _enc, _node_key, _pair_key, _rows, decayed_sums
+from state.supergraph import SuperGraph, _columns, _dec, _enc, _node_key, _pair_keys, decayed_sums
 
 HOUR = 3_600_000
 ACTIONS = ["impression", "click", "conversion", "owns"]        # decaying and structural
@@ -81,7 +81,7 @@ def test_rows_follow_nodes_through_moves_and_new_edges(graph):
             stored[s.id] = (list(assign[s.id]), reference_rows(s, assign.get, rates))
         for s in states:                                           # node rows
             got = {(lv, q, a): (w, t) for lv, q, a, w, t in
-                   _rows(_dec(sg.cf.get(_node_key(0, sg.ix.key(s.id)))))}
+                   zip(*_columns(_dec(sg.cf.get(_node_key(0, sg.ix.key(s.id))))))}
             want = stored[s.id][1]
             assert got.keys() == want.keys()
             for k in want:
@@ -108,7 +108,7 @@ def test_a_row_in_the_earlier_format_is_subtracted_when_its_node_moves(graph):
     old = [[0], [[0, 5, "owns", 2.0, 10]]]                        # [assign, [[lv, q, a, w, t]]]
     batch = sg.ix.batch()
     batch.put_raw("supergraph", _node_key(0, sg.ix.key("user:1")), _enc(old))
-    batch.put_raw("supergraph", _pair_key(0, 0, 0, 5), _enc({"owns": [2.0, 10]}))
+    batch.put_raw("supergraph", _pair_keys(0, [0], [0], [5])[0], _enc({"owns": [2.0, 10]}))
     batch.commit()
     assert dict(sg.related(0, 0, 0, 10)) == {5: 2.0}
     batch = sg.ix.batch()
