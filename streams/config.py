@@ -30,8 +30,10 @@ class KafkaConfig:
 class IngestConfig:
     group_id: str = "hirflow-ingest"    # consumer group used for committed offsets
     batch_max: int = 10_000             # messages per consume call and per state commit
-    batch_wait_ms: int = 50             # how long a consume call waits to fill a batch
-    commit_interval_ms: int = 100       # state + offsets become durable at least this often
+    batch_wait_ms: int = 5              # longest wait of a consume call: it returns when full
+                                        # or at this timeout, so records wait in the client's
+                                        # queue meanwhile (50 ms: +30-40 ms at 2,000 events/s)
+    commit_interval_ms: int = 100       # state + offsets become durable this often
 
     def __post_init__(self) -> None:
         if self.batch_max < 1 or self.batch_wait_ms < 0 or self.commit_interval_ms < 0:

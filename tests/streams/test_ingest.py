@@ -135,3 +135,25 @@ def test_a_paced_stream_is_steady_not_bursts(cfg):
     assert stats["engagements"] == len(evs) and 0.5 < t[-1] - t[0] < 1.5
     per_window = [sum(1 for x in t if w <= x < w + 0.05) for w in t[::50]]
     assert max(per_window) <= 250                      # 100 expected in 50 ms at 2,000/s
+
+
+def test_state_becomes_durable_on_the_commit_interval_not_at_each_empty_consume(cfg):
+    """With short consume waits an empty call is a gap between fetches: applied records stay
+    in memory until `commit_interval_ms` is up, then one commit makes them durable."""
+    import time
+
+    c = replace_section(cfg, "ingest", batch_wait_ms=5, commit_interval_ms=4000)
+    evs = engagements(60)
+    produce(c, evs, progress=False)
+    with GraphStore(c.graph.path, c.schema, c.kafka.partitions) as store:
+        loop = IngestLoop(c, GraphWriter(store, c.graph), Topics(c.kafka.topic_prefix))
+        created = time.monotonic()
+        run_until(loop, lambda: loop.applied >= len(evs), timeout=30)
+        for _ in range(20):                                  # empty consume calls
+            assert loop.poll_once() == 0
+        assert time.monotonic() - created < 3.5, "too slow to tell the interval from idling"
+        assert store.reader.state(evs[0].src) is None        # applied, not yet durable
+        time.sleep(max(0.0, created + 4.0 - time.monotonic()))
+        loop.poll_once()
+        assert store.reader.state(evs[0].src) is not None
+        loop.close()
