@@ -28,6 +28,11 @@ from streams.replay import produce
 from streams.synth import SynthConfig, SynthWorld
 from streams.topics import Topics, ensure_topics
 
+# linger of the producer that streams the synthetic world: the embedded broker's in-memory
+# log costs it CPU per request in proportion to its length, and at 5 ms it took a core from
+# the worker within a minute or two (bench/broker.py, bench/freshness.py --linger-ms)
+UPSTREAM_LINGER_MS = 20
+
 log = logging.getLogger(__name__)
 
 
@@ -148,7 +153,8 @@ def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
             world = SynthWorld(SynthConfig(events=events, start_ms=int(time.time() * 1000),
                                            span_days=events / rate / 86400))
             done = threading.Event()
-            t = threading.Thread(target=lambda: (produce(cfg, stamped_now(world.stream()), rate=rate,
+            upstream = replace(cfg, kafka=replace(cfg.kafka, linger_ms=UPSTREAM_LINGER_MS))
+            t = threading.Thread(target=lambda: (produce(upstream, stamped_now(world.stream()), rate=rate,
                                                          progress=False), done.set()), daemon=True)
             t.start()
             fresh: list[int] = []
