@@ -21,6 +21,11 @@ from streams.topics import Topics
 
 log = logging.getLogger(__name__)
 
+# ready once no record came for this long (what one empty consume call meant when calls
+# waited 50 ms): a call now waits only `ingest.batch_wait_ms`, and one may come back empty
+# between two fetches of a backlog the consumer is still reading
+CAUGHT_UP_QUIET_S = 0.05
+
 
 def tune_gc() -> None:
     """Fewer cyclic-GC passes: the worker allocates many short-lived objects per event, and
@@ -75,10 +80,13 @@ class WorkerRuntime:
 
     def _run_ingest(self) -> None:
         try:
+            last_records = time.monotonic()
             while not self.stop.is_set():
                 n = self.ingest.poll_once()
-                self.last_beat = time.monotonic()
-                if n == 0:
+                self.last_beat = now = time.monotonic()
+                if n:
+                    last_records = now
+                elif now - last_records >= CAUGHT_UP_QUIET_S:
                     self.caught_up = True
             self.ingest.flush()
         except BaseException as exc:   # surfaced by /health; the process must not hang silently
