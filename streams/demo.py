@@ -133,6 +133,19 @@ def _examples(api: str) -> None:
 
 def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
              duration: float | None, log_level: str = "WARNING", train_after: float = 20.0) -> int:
+    trainer: list[threading.Thread] = []
+    rc = _run(cfg, workdir, events, rate, duration, log_level, train_after, trainer)
+    if trainer and trainer[0].is_alive():
+        # torch's threads cannot be stopped; leaving them to interpreter exit aborts the process
+        print("the first checkpoint was still training when the stream ended; exiting without "
+              "it (more --events or a longer --duration leave it time)", flush=True)
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
+def _run(cfg: HirflowConfig, workdir: Path, events: int, rate: float, duration: float | None,
+         log_level: str, train_after: float, trainer: list[threading.Thread]) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     with EmbeddedBroker(log_path=str(workdir / "broker.log")) as broker:
@@ -160,8 +173,9 @@ def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
             fresh: list[int] = []
             threading.Thread(target=_subscribe, args=(cfg, fresh, done), daemon=True).start()
             trained: dict = {}
-            threading.Thread(target=_train_first, args=(cfg, world, workdir, train_after, trained),
-                             daemon=True).start()
+            trainer.append(threading.Thread(target=_train_first, daemon=True,
+                                            args=(cfg, world, workdir, train_after, trained)))
+            trainer[0].start()
             api = f"http://127.0.0.1:{port}"
             t0, last_n, last_t = time.monotonic(), 0.0, time.monotonic()
             while not done.is_set() and (duration is None or time.monotonic() - t0 < duration):
