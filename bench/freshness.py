@@ -21,7 +21,6 @@ Writes var/bench/freshness.png; the last line printed is one JSON object of the 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import os
@@ -39,7 +38,7 @@ from state.config import build  # noqa: E402
 from streams import clients  # noqa: E402
 from streams.broker import EmbeddedBroker  # noqa: E402
 from streams.config import HirflowConfig  # noqa: E402
-from streams.demo import stamped_now  # noqa: E402
+from streams.demo import UPSTREAM_LINGER_MS, stamped_now, upstream  # noqa: E402
 from streams.replay import produce  # noqa: E402
 from streams.subscribe import Subscriber  # noqa: E402
 from streams.synth import SynthConfig, SynthWorld  # noqa: E402
@@ -85,10 +84,10 @@ def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
     return lat
 
 
-def run_rate(cfg, upstream, worker, stream, rate, seconds, phase):
+def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase):
     """Returns (latency ms per change, endpoint mask, (node, event_ts, latency, change ts)
-    per change, refresh nodes/s, backlog samples, grows, refresh batch figures). `upstream`:
-    the config the events are produced with (its producer linger).
+    per change, refresh nodes/s, backlog samples, grows, refresh batch figures).
+    `producer_cfg`: the config the events are produced with (its producer linger).
 
     A change is an endpoint change when its node was touched by an event (an engagement's
     endpoint, an entity record) with exactly its `event_ts` (the node's oldest pending event)
@@ -124,7 +123,7 @@ def run_rate(cfg, upstream, worker, stream, rate, seconds, phase):
     t0, start_ms = time.monotonic(), int(time.time() * 1000)
     backlog = []
     items = itertools.islice(stream, int(rate * seconds))
-    prod = threading.Thread(target=produce, args=(upstream, remember(stamped_now(items))),
+    prod = threading.Thread(target=produce, args=(producer_cfg, remember(stamped_now(items))),
                             kwargs={"rate": rate, "progress": False})
     prod.start()
     while prod.is_alive():
@@ -176,7 +175,7 @@ def main() -> None:
     ap.add_argument("--rates", default=None)
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--checkpoint", default="")
-    ap.add_argument("--linger-ms", type=int, default=20,
+    ap.add_argument("--linger-ms", type=int, default=UPSTREAM_LINGER_MS,
                     help="linger of the producer that streams the events (and of the Kafka-alone "
                          "peer): the embedded broker's in-memory log costs it CPU per produce "
                          "request in proportion to the log's length, so 5 ms starves the worker "
@@ -194,8 +193,8 @@ def main() -> None:
         cfg = build(HirflowConfig, {"kafka": {"bootstrap": broker.bootstrap},
                                     "graph": {"path": os.path.join(tmp, "state")}})
         ensure_topics(cfg.kafka, Topics())
-        upstream = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, linger_ms=a.linger_ms))
-        raw = np.array(kafka_alone(upstream, rates[0], min(seconds, 10)))
+        up = upstream(cfg, a.linger_ms)
+        raw = np.array(kafka_alone(up, rates[0], min(seconds, 10)))
         env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": a.checkpoint}
         worker = WorkerProcess(cfg, os.path.join(tmp, "worker.log"), env).start()
         try:
@@ -217,13 +216,13 @@ def main() -> None:
             stream = SynthWorld(SynthConfig(events=total, seed=11, start_ms=int(time.time() * 1000),
                                             span_days=(warmup + seconds * len(rates)) / 86400)).stream()
             if warmup > 0:
-                lat = run_rate(cfg, upstream, worker, stream, rates[0], warmup, phase=0)[0]
+                lat = run_rate(cfg, up, worker, stream, rates[0], warmup, phase=0)[0]
                 print(f"warm-up: {warmup:.0f}s at {rates[0]:,.0f} ev/s, {len(lat)} changes "
                       f"(not counted)", flush=True)
             results = {}
             for i, rate in enumerate(rates):
                 lat, endpoint, mine, thr, backlog, grows, batches = run_rate(
-                    cfg, upstream, worker, stream, rate, seconds, phase=1 + i)
+                    cfg, up, worker, stream, rate, seconds, phase=1 + i)
                 results[rate] = (lat, endpoint, thr, grows, batches)
                 np.savez(out_dir / f"freshness-{rate:.0f}.npz", latency_ms=lat, endpoint=endpoint,
                          node=np.array([n for n, _, _, _ in mine]),     # per change, in

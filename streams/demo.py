@@ -33,6 +33,11 @@ from streams.topics import Topics, ensure_topics
 # the worker within a minute or two (bench/broker.py, bench/freshness.py --linger-ms)
 UPSTREAM_LINGER_MS = 20
 
+
+def upstream(cfg: HirflowConfig, linger_ms: int = UPSTREAM_LINGER_MS) -> HirflowConfig:
+    """The config the synthetic world is produced with: `cfg` with the producer's linger."""
+    return replace(cfg, kafka=replace(cfg.kafka, linger_ms=linger_ms))
+
 log = logging.getLogger(__name__)
 
 
@@ -166,8 +171,7 @@ def _run(cfg: HirflowConfig, workdir: Path, events: int, rate: float, duration: 
             world = SynthWorld(SynthConfig(events=events, start_ms=int(time.time() * 1000),
                                            span_days=events / rate / 86400))
             done = threading.Event()
-            upstream = replace(cfg, kafka=replace(cfg.kafka, linger_ms=UPSTREAM_LINGER_MS))
-            t = threading.Thread(target=lambda: (produce(upstream, stamped_now(world.stream()), rate=rate,
+            t = threading.Thread(target=lambda: (produce(upstream(cfg), stamped_now(world.stream()), rate=rate,
                                                          progress=False), done.set()), daemon=True)
             t.start()
             fresh: list[int] = []
