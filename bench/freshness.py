@@ -9,14 +9,20 @@ endpoint changes alone (nodes the event touched; the rest are neighbour refreshe
 measured in the same run: Kafka alone (produce -> consume on a plain topic, same
 producer settings). Also: refresh throughput and whether the dirty backlog grows.
 
-The events' producer lingers `--linger-ms` (20 by default) before sending a batch: tansu's
-in-memory log (the embedded broker) costs CPU per produce request in proportion to the log's
-length, so at 5 ms it took most of a core within a minute of streaming on this 2-core machine.
+The events' producer lingers `--linger-ms` (20 by default) before sending a batch, and the
+keyed topics have `--partitions` (1 by default, as in `hirflow demo`): tansu's in-memory log
+(the embedded broker) lists every batch a partition holds at each fetch, so its CPU grows
+with partitions x stored batches; at a 5 ms linger on 8 partitions it took most of a core
+within a minute of streaming on this 2-core machine. Per phase the bench prints the CPU share
+of the broker, the worker, its sampling process and itself while the stream ran, and in
+phases of a minute or more the endpoint p99 per 30 s of event time (a slow drift shows there).
 
     python bench/freshness.py [--quick] [--rates 1000,2000,5000] [--seconds 120] [--checkpoint DIR]
-                              [--warmup 30] [--linger-ms 20]
+                              [--warmup 30] [--linger-ms 20] [--partitions 1]
 
-Writes var/bench/freshness.png; the last line printed is one JSON object of the figures.
+Writes var/bench/freshness.png and keeps the broker's and the worker's logs beside it
+(var/bench/freshness-broker.log, -worker.log); the last line printed is one JSON object of the
+figures.
 """
 from __future__ import annotations
 
@@ -34,11 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from confluent_kafka import OFFSET_END, TopicPartition  # noqa: E402
 
+from bench.proc_cpu import CpuMeter, children  # noqa: E402
 from state.config import build  # noqa: E402
 from streams import clients  # noqa: E402
 from streams.broker import EmbeddedBroker  # noqa: E402
 from streams.config import HirflowConfig  # noqa: E402
-from streams.demo import UPSTREAM_LINGER_MS, stamped_now, upstream  # noqa: E402
+from streams.demo import EMBEDDED_PARTITIONS, UPSTREAM_LINGER_MS, stamped_now, upstream  # noqa: E402
 from streams.replay import produce  # noqa: E402
 from streams.subscribe import Subscriber  # noqa: E402
 from streams.synth import SynthConfig, SynthWorld  # noqa: E402
@@ -46,6 +53,7 @@ from streams.topics import Topics, ensure_topics  # noqa: E402
 from tests.streams.worker_proc import WorkerProcess  # noqa: E402
 
 POLL_S = 0.005   # consumer poll timeout of the measuring clients (see `listen`)
+WINDOW_S = 30.0  # event-time window of the per-window p99 in long phases
 
 
 def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
@@ -84,10 +92,11 @@ def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
     return lat
 
 
-def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase):
+def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase, pids):
     """Returns (latency ms per change, endpoint mask, (node, event_ts, latency, change ts)
-    per change, refresh nodes/s, backlog samples, grows, refresh batch figures).
-    `producer_cfg`: the config the events are produced with (its producer linger).
+    per change, refresh nodes/s, backlog samples, grows, refresh batch figures, CPU share per
+    process group while the stream ran). `producer_cfg`: the config the events are produced
+    with (its producer linger); `pids`: name -> process ids whose CPU to measure.
 
     A change is an endpoint change when its node was touched by an event (an engagement's
     endpoint, an entity record) with exactly its `event_ts` (the node's oldest pending event)
@@ -126,10 +135,12 @@ def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase):
     prod = threading.Thread(target=produce, args=(producer_cfg, remember(stamped_now(items))),
                             kwargs={"rate": rate, "progress": False})
     prod.start()
+    meter = CpuMeter(pids)
     while prod.is_alive():
         time.sleep(1.0)
         backlog.append(worker.metrics().get("hirflow_dirty_nodes", 0.0))
     elapsed = time.monotonic() - t0
+    cpu = meter.shares()
     m_streamed = worker.metrics()                   # refresh batches while the stream ran
     drain_until = time.monotonic() + 60             # the tail: until nothing is left to refresh
     quiet = 0
@@ -162,7 +173,16 @@ def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase):
         if (n, ts) in touched and (n, ts) not in seen:   # that shared the event
             endpoint[i] = True
             seen.add((n, ts))
-    return lat, endpoint, mine, refreshed / elapsed, backlog, grows, batches
+    return lat, endpoint, mine, refreshed / elapsed, backlog, grows, batches, cpu
+
+
+def windowed_p99(event_ts: np.ndarray, lat: np.ndarray, window_s: float = WINDOW_S) -> list[float]:
+    """p99 per window of event time: a latency that creeps up during a long phase (a lag
+    that grows, a broker that slows) shows here while the phase's p99 hides it."""
+    if not len(lat):
+        return []
+    w = ((event_ts - event_ts.min()) // (1000 * window_s)).astype(int)
+    return [float(np.percentile(lat[w == i], 99)) for i in range(w.max() + 1) if (w == i).any()]
 
 
 def _pct(x) -> list[float]:
@@ -177,9 +197,13 @@ def main() -> None:
     ap.add_argument("--checkpoint", default="")
     ap.add_argument("--linger-ms", type=int, default=UPSTREAM_LINGER_MS,
                     help="linger of the producer that streams the events (and of the Kafka-alone "
-                         "peer): the embedded broker's in-memory log costs it CPU per produce "
-                         "request in proportion to the log's length, so 5 ms starves the worker "
-                         "of CPU within a minute (see the README)")
+                         "peer): each linger window stores one more batch per partition in the "
+                         "embedded broker, which lists them at every fetch, so 5 ms starves the "
+                         "worker of CPU within a minute (see the README)")
+    ap.add_argument("--partitions", type=int, default=EMBEDDED_PARTITIONS,
+                    help="partitions of the keyed topics (kafka.partitions; the demo's): the "
+                         "embedded broker lists all the batches a partition holds at each fetch, "
+                         "so its CPU grows with partitions x log length (see the README)")
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds of stream at the first rate before measuring (compiles the "
                          "encoder's shape buckets; not counted)")
@@ -189,14 +213,17 @@ def main() -> None:
     out_dir = Path("var/bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     import tempfile
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(log_path=os.path.join(tmp, "broker.log")) as broker:
-        cfg = build(HirflowConfig, {"kafka": {"bootstrap": broker.bootstrap},
+    logs = {name: out_dir / f"freshness-{name}.log" for name in ("broker", "worker")}
+    for path in logs.values():                      # kept after the run, for a stall's cause
+        path.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(log_path=str(logs["broker"])) as broker:
+        cfg = build(HirflowConfig, {"kafka": {"bootstrap": broker.bootstrap, "partitions": a.partitions},
                                     "graph": {"path": os.path.join(tmp, "state")}})
         ensure_topics(cfg.kafka, Topics())
         up = upstream(cfg, a.linger_ms)
         raw = np.array(kafka_alone(up, rates[0], min(seconds, 10)))
         env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": a.checkpoint}
-        worker = WorkerProcess(cfg, os.path.join(tmp, "worker.log"), env).start()
+        worker = WorkerProcess(cfg, logs["worker"], env).start()
         try:
             deadline = time.monotonic() + 120
             while True:
@@ -206,7 +233,7 @@ def main() -> None:
                 except OSError:
                     pass
                 if time.monotonic() > deadline or worker.proc.poll() is not None:
-                    raise SystemExit(f"worker did not come up; see {tmp}/worker.log")
+                    raise SystemExit(f"worker did not come up; see {logs['worker']}")
                 time.sleep(0.3)
             warmup = a.warmup if a.warmup is not None else (5 if a.quick else 30)
             # one world streamed on through every phase: its catalog (~1,800 entities and
@@ -216,17 +243,21 @@ def main() -> None:
             stream = SynthWorld(SynthConfig(events=total, seed=11, start_ms=int(time.time() * 1000),
                                             span_days=(warmup + seconds * len(rates)) / 86400)).stream()
             if warmup > 0:
-                lat = run_rate(cfg, up, worker, stream, rates[0], warmup, phase=0)[0]
+                lat = run_rate(cfg, up, worker, stream, rates[0], warmup, phase=0, pids={})[0]
                 print(f"warm-up: {warmup:.0f}s at {rates[0]:,.0f} ev/s, {len(lat)} changes "
                       f"(not counted)", flush=True)
+            pids = {"broker": [broker.proc.pid], "worker": [worker.proc.pid],
+                    "sampler": children(worker.proc.pid), "bench": [os.getpid()]}
             results = {}
             for i, rate in enumerate(rates):
-                lat, endpoint, mine, thr, backlog, grows, batches = run_rate(
-                    cfg, up, worker, stream, rate, seconds, phase=1 + i)
-                results[rate] = (lat, endpoint, thr, grows, batches)
+                lat, endpoint, mine, thr, backlog, grows, batches, cpu = run_rate(
+                    cfg, up, worker, stream, rate, seconds, phase=1 + i, pids=pids)
+                event_ts = np.array([ts for _, ts, _, _ in mine])
+                drift = windowed_p99(event_ts[endpoint], lat[endpoint]) if seconds >= 2 * WINDOW_S else []
+                results[rate] = (lat, endpoint, thr, grows, batches, cpu, drift)
                 np.savez(out_dir / f"freshness-{rate:.0f}.npz", latency_ms=lat, endpoint=endpoint,
                          node=np.array([n for n, _, _, _ in mine]),     # per change, in
-                         event_ts=np.array([ts for _, ts, _, _ in mine]),   # arrival order
+                         event_ts=event_ts,                                 # arrival order
                          change_ts=np.array([cts for _, _, _, cts in mine]))
                 q, qe = _pct(lat), _pct(lat[endpoint])
                 print(f"{rate:,.0f} ev/s for {seconds:.0f}s: {len(lat)} changes, freshness p50 "
@@ -236,7 +267,11 @@ def main() -> None:
                       f"{'grows' if grows else 'steady'} (max {max(backlog or [0]):.0f}); "
                       f"{batches['batches']} refresh batches of {batches['mean_nodes']:.0f} nodes "
                       f"on average, each {batches['mean_ms']:.0f} ms to encode and write after "
-                      f"{batches['view_wait_ms']:.0f} ms waiting for its views", flush=True)
+                      f"{batches['view_wait_ms']:.0f} ms waiting for its views; CPU (% of a core) "
+                      + ", ".join(f"{k} {100 * v:.0f}" for k, v in cpu.items()), flush=True)
+                if drift:
+                    print(f"  endpoint p99 per {WINDOW_S:.0f} s of event time: "
+                          + " / ".join(f"{x:.0f}" for x in drift) + " ms", flush=True)
         finally:
             worker.stop()
     import matplotlib
@@ -261,8 +296,9 @@ def main() -> None:
           f"p99 {rq[1]:.1f} ms; plot {out_dir / 'freshness.png'}")
     figs = {"kafka_alone_p50_ms": {"value": round(float(rq[0]), 1), "unit": "ms"},
             "kafka_alone_p99_ms": {"value": round(float(rq[1]), 1), "unit": "ms"},
-            "producer_linger_ms": {"value": a.linger_ms, "unit": "ms"}}
-    for rate, (lat, endpoint, thr, grows, batches) in results.items():
+            "producer_linger_ms": {"value": a.linger_ms, "unit": "ms"},
+            "partitions": {"value": a.partitions, "unit": "partitions per keyed topic"}}
+    for rate, (lat, endpoint, thr, grows, batches, cpu, drift) in results.items():
         q, qe = _pct(lat), _pct(lat[endpoint])
         r = int(rate)
         figs[f"endpoint_p50_ms_at_{r}"] = {"value": round(float(qe[0]), 1), "unit": "ms"}
@@ -277,6 +313,10 @@ def main() -> None:
         figs[f"backlog_grows_at_{r}"] = {"value": grows, "unit": "bool"}
         figs[f"refresh_batch_nodes_at_{r}"] = {"value": round(batches["mean_nodes"]), "unit": "nodes"}
         figs[f"refresh_batch_ms_at_{r}"] = {"value": round(batches["mean_ms"], 1), "unit": "ms"}
+        if drift:
+            figs[f"endpoint_p99_ms_per_{WINDOW_S:.0f}s_at_{r}"] = {"value": [round(x) for x in drift], "unit": "ms"}
+        for name, share in cpu.items():
+            figs[f"cpu_{name}_at_{r}"] = {"value": round(100 * share), "unit": "% of a core"}
     print(json.dumps(figs))
 
 

@@ -32,6 +32,11 @@ from streams.topics import Topics, ensure_topics
 # log costs it CPU per request in proportion to its length, and at 5 ms it took a core from
 # the worker within a minute or two (bench/broker.py, bench/freshness.py --linger-ms)
 UPSTREAM_LINGER_MS = 20
+# partitions of the keyed topics on the embedded broker: tansu stores each produced batch as
+# one object per partition and lists all of a partition's objects at every fetch that finds
+# new data there, so its CPU grows with partitions x log length; one worker on one machine
+# gains nothing from more (bench/broker.py, bench/freshness.py --partitions)
+EMBEDDED_PARTITIONS = 1
 
 
 def upstream(cfg: HirflowConfig, linger_ms: int = UPSTREAM_LINGER_MS) -> HirflowConfig:
@@ -156,8 +161,10 @@ def _run(cfg: HirflowConfig, workdir: Path, events: int, rate: float, duration: 
     with EmbeddedBroker(log_path=str(workdir / "broker.log")) as broker:
         port = free_port()
         env = {**os.environ, "HIRFLOW_KAFKA__BOOTSTRAP": broker.bootstrap,
+               "HIRFLOW_KAFKA__PARTITIONS": str(EMBEDDED_PARTITIONS),
                "HIRFLOW_GRAPH__PATH": str(workdir / "state"), "HIRFLOW_WORKER__WEB_PORT": str(port)}
-        cfg = replace(cfg, kafka=replace(cfg.kafka, bootstrap=broker.bootstrap))
+        cfg = replace(cfg, kafka=replace(cfg.kafka, bootstrap=broker.bootstrap,
+                                         partitions=EMBEDDED_PARTITIONS))
         ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
         wlog = open(workdir / "worker.log", "wb")
         worker = subprocess.Popen([sys.executable, "-m", "streams.cli", "--log-level", log_level,
