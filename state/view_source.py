@@ -68,9 +68,11 @@ class Sampled:
 class LocalViews:
     """Samples in the calling process; `follower` stores catch up with their primary first."""
 
-    def __init__(self, store: GraphStore, schema: SchemaConfig, config: ViewConfig, seed: int) -> None:
+    def __init__(self, store: GraphStore, schema: SchemaConfig, config: ViewConfig, seed: int,
+                 defer_free: bool = False) -> None:
         self.store = store
         self.sampler = ViewSampler(store.reader, schema, config, seed=seed)
+        self.defer_free = defer_free        # changed nodes' old records freed by `release()`
         self._tickets = itertools.count()
         self._pending: dict[int, tuple[list[str], int, Prepare | None]] = {}
 
@@ -80,7 +82,7 @@ class LocalViews:
         t0 = time.perf_counter()
         if self.store.follower:
             self.store.catch_up()
-        self.sampler.invalidate(ids)
+        self.sampler.invalidate(ids, defer_free=self.defer_free)
         views = self.sampler.sample(ids, cutoff)
         know = self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
         prepared = prepare(views, know) if prepare is not None and views else None
@@ -245,7 +247,8 @@ def _serve(conn: _Channel) -> None:
     try:
         store = GraphStore(init["path"], init["schema"], init["partitions"],
                            follower_dir=init["follower_dir"])
-        views = LocalViews(store, init["schema"], init["config"], init["seed"])
+        # the parent waits for each reply: free the changed nodes' old records after it
+        views = LocalViews(store, init["schema"], init["config"], init["seed"], defer_free=True)
     except Exception as exc:   # the parent raises it with this message
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -265,6 +268,7 @@ def _serve(conn: _Channel) -> None:
             except Exception:
                 reply = (ticket, "error", traceback.format_exc())
             conn.send(reply)
+            views.sampler.release()
             # what survived a request is mostly the sampler's caches (acyclic records, freed by
             # reference counting when evicted): out of the cyclic GC's reach, or every full
             # collection walks them again (bench/freshness.py, one 95 s run: 138 collections

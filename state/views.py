@@ -106,6 +106,7 @@ class ViewSampler:
         self._cache_size = cache_size
         self._rank_cache: OrderedDict[str, tuple[int, _NodeInfo]] = OrderedDict()
         self._walk_cache: dict[str, tuple] = {}
+        self._retired: list[tuple] = []            # invalidated records not freed yet
         self.rank_reuse_ms = rank_reuse_ms
         self._recency = math.log(2) / (config.recency_half_life_s * 1000.0)
 
@@ -120,12 +121,23 @@ class ViewSampler:
                 cache.popitem(last=False)
         return {n: cache[n] for n in ids}
 
-    def invalidate(self, node_ids) -> None:
-        """Forget cached records of nodes whose state changed."""
+    def invalidate(self, node_ids, defer_free: bool = False) -> None:
+        """Forget cached records of nodes whose state changed. With `defer_free` they are
+        only set aside until `release()`: freeing a filled node's records (a few thousand small
+        objects) took ~16% of the sampling process's time, which it can spend after replying."""
+        cache, ranks, walks = self._cache, self._rank_cache, self._walk_cache
+        if defer_free:
+            self._retired.extend((cache.pop(n, None), ranks.pop(n, None), walks.pop(n, None))
+                                 for n in node_ids)
+            return
         for n in node_ids:
-            self._cache.pop(n, None)
-            self._rank_cache.pop(n, None)
-            self._walk_cache.pop(n, None)
+            cache.pop(n, None)
+            ranks.pop(n, None)
+            walks.pop(n, None)
+
+    def release(self) -> None:
+        """Free the records `invalidate(..., defer_free=True)` set aside."""
+        self._retired.clear()
 
     def _info(self, s: NodeState | None, cutoff: int) -> "_NodeInfo":
         """What sampling needs of a node as of the cutoff, computed in one pass over its

@@ -69,3 +69,26 @@ def test_a_cold_view_is_the_anchor_alone_without_behaviour(tmp_path):
     assert not cold.stats.any()
     b = pack([cold, full], PackConfig())
     assert not bool(b.frequent[0]) and bool(b.frequent[1])      # no hash-id embedding when cold
+
+
+def test_deferred_invalidation_samples_the_new_state_and_frees_on_release(tmp_path):
+    rng = np.random.default_rng(3)
+    evs = world(rng, 20, 10, 800)
+    with GraphStore(tmp_path, SchemaConfig(), 4) as store:
+        apply_direct(store, evs[:400], GraphConfig(path=str(tmp_path)))
+        anchors = [f"user:{i}" for i in range(8)]
+        cut = T0 + 31 * DAY
+        now = ViewSampler(store.reader, SchemaConfig(), STUDENT, seed=5)
+        later = ViewSampler(store.reader, SchemaConfig(), STUDENT, seed=5)
+        for s in (now, later):
+            s.sample(anchors, cut)                     # fills the caches
+        apply_direct(store, evs[400:], GraphConfig(path=str(tmp_path)))
+        now.invalidate(anchors)
+        later.invalidate(anchors, defer_free=True)
+        assert len(later._retired) == len(anchors)     # set aside, not freed yet
+        a, b = now.sample(anchors, cut), later.sample(anchors, cut)
+        for x, y in zip(a, b):                         # the new state, as if freed at once
+            assert x.nodes == y.nodes and np.array_equal(x.edge_weight, y.edge_weight)
+        assert sum(x.edge_weight.size for x in a) > 0
+        later.release()
+        assert later._retired == []
