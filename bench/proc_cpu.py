@@ -51,7 +51,7 @@ class CpuMeter:
         return now, used
 
     def shares(self) -> dict[str, float]:
-        """Each process's CPU share since the previous call (or since creation)."""
+        """Each group's CPU share since the previous call (or since creation)."""
         (t0, a), (t1, b) = self._last, self._read()
         self._last = (t1, b)
         return {name: (b[name] - a[name]) / max(t1 - t0, 1e-9) for name in self.pids}

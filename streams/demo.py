@@ -28,9 +28,9 @@ from streams.replay import produce
 from streams.synth import SynthConfig, SynthWorld
 from streams.topics import Topics, ensure_topics
 
-# linger of the producer that streams the synthetic world: the embedded broker's in-memory
-# log costs it CPU per request in proportion to its length, and at 5 ms it took a core from
-# the worker within a minute or two (bench/broker.py, bench/freshness.py --linger-ms)
+# linger of the producer that streams the synthetic world: each linger window stores one more
+# batch per partition in the embedded broker, which lists them all at every fetch, and at 5 ms
+# it took a core from the worker within a minute or two (bench/broker.py, --linger-ms)
 UPSTREAM_LINGER_MS = 20
 # partitions of the keyed topics on the embedded broker: tansu stores each produced batch as
 # one object per partition and lists all of a partition's objects at every fetch that finds
