@@ -126,14 +126,10 @@ class ViewSampler:
         only set aside until `release()`: freeing a filled node's records (a few thousand small
         objects) took ~16% of the sampling process's time, which it can spend after replying."""
         cache, ranks, walks = self._cache, self._rank_cache, self._walk_cache
-        if defer_free:
-            self._retired.extend((cache.pop(n, None), ranks.pop(n, None), walks.pop(n, None))
-                                 for n in node_ids)
-            return
         for n in node_ids:
-            cache.pop(n, None)
-            ranks.pop(n, None)
-            walks.pop(n, None)
+            records = (cache.pop(n, None), ranks.pop(n, None), walks.pop(n, None))
+            if defer_free:
+                self._retired.append(records)
 
     def release(self) -> None:
         """Free the records `invalidate(..., defer_free=True)` set aside."""
