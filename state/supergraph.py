@@ -20,14 +20,14 @@ Keys in column family ``supergraph`` (gen = index generation, nk = node key)::
 from __future__ import annotations
 
 import struct
-from typing import Callable, Sequence
+from typing import Callable
 
 import msgspec
 import numpy as np
 
 from state.decay import add, value_at
+from state.edge_columns import EdgeColumns
 from state.index import NO_PRIMITIVE, IndexBatch, TokenIndex, gen_prefix
-from state.node import NodeState
 
 _enc = msgspec.msgpack.Encoder().encode
 _dec = msgspec.msgpack.Decoder().decode
@@ -77,7 +77,8 @@ class SuperGraph:
     def __init__(self, index: TokenIndex) -> None:
         self.ix = index
         self.rates = index.store.rates
-        self.actions = sorted(self.rates)                       # action code -> name
+        # action code -> name: the codes of `EdgeColumns` (`SchemaConfig.action_codes`)
+        self.actions = sorted(self.rates)
         self.code = {a: i for i, a in enumerate(self.actions)}
         self.rate = np.array([self.rates[a] for a in self.actions], np.float64)
 
@@ -86,37 +87,27 @@ class SuperGraph:
         # looked up per use: a held column-family handle would keep RocksDB's lock after close
         return self.ix.cf["supergraph"]
 
-    def update(self, batch: IndexBatch, gen: int,
-               nodes: Sequence[tuple[NodeState, Sequence[int]]],
+    def update(self, batch: IndexBatch, gen: int, edges: EdgeColumns, new_assign,
                assignments: Callable[[list[str]], np.ndarray]) -> None:
-        """Replace the contributions of these (state, new assignment) nodes in `batch`.
+        """Replace the contributions of the nodes of `edges` that have a record, whose new
+        assignments are the rows of `new_assign` (one per node of `edges`), in `batch`.
         `assignments(names)` -> (len(names), levels) assignment of each neighbour (rows of
         NO_PRIMITIVE for none). Rows: per node [assign, levels, qs, actions, ws, t_refs]."""
-        if not nodes:
+        keep = np.flatnonzero(edges.present)
+        if not len(keep):
             return
-        # every edge of the batch as columns, transposed per node by zip (C, not a Python
-        # step per edge: a batch holds ~20k edges, and this was most of the update's time)
-        nbr, acts, w, t, counts = [], [], [], [], []
-        for s, _ in nodes:
-            if s.edges:
-                k = list(zip(*s.edges))
-                v = list(zip(*s.edges.values()))
-                nbr += k[0]
-                acts += k[1]
-                w += v[0]
-                t += v[1]
-            counts.append(len(s.edges))
-        new_assign = np.array([list(a) for _, a in nodes], np.int64).reshape(len(nodes), -1)
+        nodes = [edges.nodes[i] for i in keep.tolist()]
+        new_assign = np.asarray(new_assign, np.int64).reshape(len(edges), -1)[keep]
         L = new_assign.shape[1]
         deltas = _Terms()
-        if nbr:
-            own = np.repeat(np.arange(len(nodes), dtype=np.int64), counts)
-            uniq = list(dict.fromkeys(nbr))
-            pos = dict(zip(uniq, range(len(uniq))))
-            na = np.asarray(assignments(uniq), np.int64).reshape(len(uniq), -1)
-            A = na[np.fromiter(map(pos.__getitem__, nbr), np.int64, len(nbr))]   # (E, levels)
-            act = np.fromiter(map(self.code.__getitem__, acts), np.int64, len(acts))
-            w, t = np.array(w, np.float64), np.array(t, np.int64)
+        if len(edges.nbr):
+            # an absent node has no edges, so every row belongs to a kept one
+            own = np.cumsum(edges.present) - 1
+            own = own[edges.owner]
+            na = np.asarray(assignments(list(edges.names)), np.int64).reshape(len(edges.names), -1)
+            A = na[edges.nbr]                                                    # (E, levels)
+            act = edges.action.astype(np.int64)
+            w, t = edges.w, edges.t_ref
             e, lv = np.nonzero(A[:, :L] != NO_PRIMITIVE)                          # (edge, level)
         else:
             e = lv = np.zeros(0, np.int64)
@@ -133,7 +124,7 @@ class SuperGraph:
             c_own = c_lv = c_q = c_act = ct = np.zeros(0, np.int64)
             cw = np.zeros(0)
         bounds = np.searchsorted(c_own, np.arange(len(nodes) + 1)).tolist()
-        keys = [_node_key(gen, self.ix.key(s.id)) for s, _ in nodes]
+        keys = [_node_key(gen, self.ix.key(n)) for n in nodes]
         self._subtract([_dec(raw) for raw in self.cf.get(keys) if raw is not None], deltas)
         for i in range(len(nodes)):
             sl = slice(bounds[i], bounds[i + 1])

@@ -15,10 +15,11 @@ thread's time under the lock (bench/freshness.py at 2,000 events/s).
 Wire format (pickled messages over a socket pair, `_Channel`): the parent sends the
 set-up dict, then `(ticket, ids, cutoff, prepare)` per request and `None` to stop; the child
 answers `("ready", pid)` or `("error", message)`, then `(ticket, "ok", columns, ids, vectors,
-seconds, prepared)` or `(ticket, "error", traceback)`. Views travel as columns (each field of
+seconds, prepared, edges)` or `(ticket, "error", traceback)`. Views travel as columns (each field of
 all views concatenated, plus their sizes) and world-knowledge vectors as one matrix: a few
 arrays instead of thousands of small ones to pickle and unpickle, the latter under the
-worker's lock.
+worker's lock. The anchors' adjacencies come along as `state.edge_columns.EdgeColumns`
+(for the super-graph and the neighbour queue): the child decoded those records anyway.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from state.edge_columns import EdgeColumns
 from state.graph import GraphStore
 from state.schema import SchemaConfig
 from state.views import View, ViewConfig, ViewSampler
@@ -57,12 +59,14 @@ Prepare = Callable[[list[View], Mapping[str, np.ndarray]], Any]
 @dataclass(frozen=True)
 class Sampled:
     """A batch's views, the world-knowledge vectors of every node in them, the seconds the
-    sampling took (catch-up included) where it ran, and what the request's `prepare` made
-    of the views there (the encoder's packed arrays), if it had one."""
+    sampling took (catch-up included) where it ran, what the request's `prepare` made
+    of the views there (the encoder's packed arrays), if it had one, and the adjacencies of
+    the requested nodes in the records the views were sampled from."""
     views: list[View]
     knowledge: Mapping[str, np.ndarray]
     seconds: float
     prepared: Any = None
+    edges: EdgeColumns | None = None
 
 
 class LocalViews:
@@ -72,13 +76,15 @@ class LocalViews:
                  defer_free: bool = False) -> None:
         self.store = store
         self.sampler = ViewSampler(store.reader, schema, config, seed=seed)
+        self.codes = schema.action_codes()
         self.defer_free = defer_free        # changed nodes' old records freed by `release()`
         self._tickets = itertools.count()
         self._pending: dict[int, tuple[list[str], int, Prepare | None]] = {}
 
     def sample(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> Sampled:
         """Views of `ids` as of `cutoff` (their cached records dropped first: they changed),
-        the world-knowledge vectors of every node in them, and `prepare(views, knowledge)`."""
+        the world-knowledge vectors of every node in them, `prepare(views, knowledge)` and
+        the adjacencies of `ids`."""
         t0 = time.perf_counter()
         if self.store.follower:
             self.store.catch_up()
@@ -86,7 +92,8 @@ class LocalViews:
         views = self.sampler.sample(ids, cutoff)
         know = self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
         prepared = prepare(views, know) if prepare is not None and views else None
-        return Sampled(views, know, time.perf_counter() - t0, prepared)
+        edges = EdgeColumns.from_states(ids, self.sampler.records(ids), self.codes)
+        return Sampled(views, know, time.perf_counter() - t0, prepared, edges)
 
     def submit(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> int:
         ticket = next(self._tickets)
@@ -218,10 +225,10 @@ class ViewProcess:
             got, status, *rest = self._recv()
             if status != "ok":
                 raise ViewProcessError(f"the view sampler process failed:\n{rest[0]}")
-            columns, ids, vectors, seconds, prepared = rest
+            columns, ids, vectors, seconds, prepared, edges = rest
             self._replies[got] = Sampled(from_columns(columns),
                                          {} if vectors is None else dict(zip(ids, vectors)),
-                                         seconds, prepared)
+                                         seconds, prepared, edges)
         return self._replies.pop(ticket)
 
     def sample(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> Sampled:
@@ -264,7 +271,7 @@ def _serve(conn: _Channel) -> None:
                 keys = list(got.knowledge)
                 vectors = np.stack([got.knowledge[k] for k in keys]) if keys else None
                 reply = (ticket, "ok", to_columns(got.views), keys, vectors, got.seconds,
-                         got.prepared)
+                         got.prepared, got.edges)
             except Exception:
                 reply = (ticket, "error", traceback.format_exc())
             conn.send(reply)

@@ -121,6 +121,10 @@ class ViewSampler:
                 cache.popitem(last=False)
         return {n: cache[n] for n in ids}
 
+    def records(self, ids: list[str]) -> dict[str, NodeState | None]:
+        """The records of `ids` that views are sampled from (cached; read when missing)."""
+        return self._states(ids)
+
     def invalidate(self, node_ids, defer_free: bool = False) -> None:
         """Forget cached records of nodes whose state changed. With `defer_free` they are
         only set aside until `release()`: freeing a filled node's records (a few thousand small

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from encoder.checkpoint import CheckpointError
 from encoder.serving import ServingModel, default_device, set_cpu_threads
+from state.edge_columns import EdgeColumns
 from state.graph import GraphStore
 from state.index import (ACTIVE_KEY, ANNOUNCE_PASS_KEY, BUILDING_KEY, IndexRecord, TokenIndex,
                          delete_outbox)
@@ -250,15 +251,14 @@ class RefreshLoop:
         sampled = sampled or self.views.sample(ids, now_ms(), self.active.packer)
         VIEW_SAMPLE_SECONDS.observe(sampled.seconds)
         ts = now_ms()
-        states = self.store.reader.states(ids)
         batch = self.index.batch()
-        out = self._write(batch, self.gen, self.active, self.memory, ids, sampled, states,
+        out = self._write(batch, self.gen, self.active, self.memory, ids, sampled,
                           nodes, ts, publish=True)
         build = self.building
         built = None
         if build is not None:
             built = self._write(batch, build.gen, build.model, build.memory, ids, sampled,
-                                states, nodes, ts, publish=False)
+                                nodes, ts, publish=False)
         ahead = self._ahead.claimed if self._ahead is not None else {}
         with self.writer.lock:
             batch.clear_dirty([n for n in self.writer.settled(claimed) if n not in ahead])
@@ -266,8 +266,8 @@ class RefreshLoop:
         self._apply_memory(out, self.memory)
         if build is not None:
             self._apply_memory(built, build.memory)
-        moved = [rec.node for rec, change in out if change is not None]
-        self._queue_neighbors(moved, states, nodes)
+        moved = [i for i, (_, change) in enumerate(out) if change is not None]
+        self._queue_neighbors(moved, sampled.edges, nodes)
         self._send([(self._outbox_key(c), changes.encode(c), c) for _, c in out if c is not None])
         self.refreshed += len(ids)
         NODES_REFRESHED.labels("dirty").inc(len(claimed))
@@ -277,7 +277,7 @@ class RefreshLoop:
         self._gauges()
 
     def _write(self, batch, gen, model: ServingModel, memory: MemoryIndex, ids,
-               sampled: Sampled, states, event_ts, ts, publish: bool):
+               sampled: Sampled, event_ts, ts, publish: bool):
         """Encode with `model` and put records (+ changes when `publish`) into `batch`."""
         emb, assign, tokens = model.encode(sampled.views, sampled.knowledge, sampled.prepared)
         olds = self.index.records(gen, ids)
@@ -298,6 +298,8 @@ class RefreshLoop:
             batch.put_record(gen, rec, old)
             out.append((rec, change))
         if model.encoder is not None:                  # primitives exist only with a checkpoint
+            if sampled.edges is None or sampled.edges.nodes != tuple(ids):
+                raise RuntimeError("the sampled adjacencies are not those of the batch's nodes")
             mine = {rec.node: rec.assign for rec, _ in out}
 
             def assignments(names: list[str]):
@@ -307,8 +309,7 @@ class RefreshLoop:
                     if (own := mine.get(n)) is not None:
                         a[j] = own
                 return a
-            self.supergraph.update(batch, gen, [(s, mine[s.id]) for s in states if s is not None],
-                                   assignments)
+            self.supergraph.update(batch, gen, sampled.edges, assign, assignments)
         return out
 
     @staticmethod
@@ -320,21 +321,17 @@ class RefreshLoop:
         return self.store.keys.key(c.node) + c.seq.to_bytes(8, "big")
 
     # -- neighbours within a rate budget --------------------------------------------------
-    def _queue_neighbors(self, moved, states, event_ts) -> None:
-        """Queue the heaviest neighbours of nodes whose tokens moved. Nodes of this batch
-        and of the one sampled ahead are skipped: their views were sampled after the event,
-        so they already see it."""
+    def _queue_neighbors(self, moved: list[int], edges: EdgeColumns, event_ts) -> None:
+        """Queue the heaviest neighbours of nodes whose tokens moved (their indices in
+        `edges`). Nodes of this batch and of the one sampled ahead are skipped: their views
+        were sampled after the event, so they already see it."""
         k = self.rcfg.neighbors_per_node
         if not k or not self.rcfg.neighbor_rate:
             return
         ahead = self._ahead.nodes if self._ahead is not None else {}
-        by_id = {s.id: s for s in states if s is not None}
-        for n in moved:
-            s = by_id.get(n)
-            if s is None:
-                continue
-            heavy = sorted(s.edges.items(), key=lambda kv: -abs(kv[1][0]))[:k]
-            for (nbr, _a, _d), _ in heavy:
+        for i in moved:
+            n = edges.nodes[i]
+            for nbr in edges.heaviest(i, k):
                 if nbr not in self._neighbors and nbr not in event_ts and nbr not in ahead:
                     self._neighbors[nbr] = event_ts[n]
         while len(self._neighbors) > 100_000:          # bounded: oldest requests go first
@@ -432,11 +429,10 @@ class RefreshLoop:
             ids = b.todo[b.done:b.done + n]
             ts = now_ms()
             sampled = self.views.sample(ids, ts, b.model.packer)
-            states = self.store.reader.states(ids)
             olds = {r.node: r for r in self.index.records(self.gen, ids) if r is not None}
             event_ts = {i: (olds[i].event_ts if i in olds else ts) for i in ids}
             batch = self.index.batch()
-            out = self._write(batch, b.gen, b.model, b.memory, ids, sampled, states,
+            out = self._write(batch, b.gen, b.model, b.memory, ids, sampled,
                               event_ts, ts, publish=False)
             batch.commit()
             self._apply_memory(out, b.memory)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from state.decay import add, value_at
+from state.edge_columns import EdgeColumns
 from state.graph import GraphStore
 from state.index import NO_PRIMITIVE, TokenIndex
 from state.node import NodeState
@@ -27,6 +28,13 @@ def reference_rows(state, assign_of, rates):
             cur = out.get(k)
             out[k] = (w, tref) if cur is None else add(cur[0], cur[1], w, tref, rates[action])
     return out
+
+
+def columns(states, store, absent=()):
+    """The batch's adjacencies as the sampling process ships them (plus `absent` nodes)."""
+    by_id = {s.id: s for s in states}
+    return EdgeColumns.from_states([s.id for s in states] + list(absent), by_id,
+                                   store.schema.action_codes())
 
 
 def random_state(rng, name, others, t0):
@@ -74,9 +82,12 @@ def test_rows_follow_nodes_through_moves_and_new_edges(graph):
         chosen = list(rng.choice(names, 25, replace=False))
         states = [random_state(rng, n, names, round_ * HOUR) for n in chosen]
         batch = sg.ix.batch()
-        sg.update(batch, 0, [(s, assign[s.id]) for s in states],
+        # a node without a record (never engaged) rides along: it gets no row
+        sg.update(batch, 0, columns(states, store, absent=["user:none"]),
+                  np.array([assign[s.id] for s in states] + [[0, 0]], np.int64),
                   lambda ns: np.array([assign[n] for n in ns], np.int64))
         batch.commit()
+        assert sg.cf.get(_node_key(0, sg.ix.key("user:none"))) is None
         for s in states:
             stored[s.id] = (list(assign[s.id]), reference_rows(s, assign.get, rates))
         for s in states:                                           # node rows
@@ -112,7 +123,7 @@ def test_a_row_in_the_earlier_format_is_subtracted_when_its_node_moves(graph):
     batch.commit()
     assert dict(sg.related(0, 0, 0, 10)) == {5: 2.0}
     batch = sg.ix.batch()
-    sg.update(batch, 0, [(s, [1])], lambda ns: np.array([[5]] * len(ns)))    # moves 0 -> 1
+    sg.update(batch, 0, columns([s], store), [[1]], lambda ns: np.array([[5]] * len(ns)))  # 0 -> 1
     batch.commit()
     assert dict(sg.related(0, 0, 0, 10)) == {5: 0.0}
     assert dict(sg.related(0, 0, 1, 10)) == {5: 2.0}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from state.edge_columns import EdgeColumns
 from state.events import Engagement, Entity
 from state.index import NO_PRIMITIVE
 from state.view_source import LocalViews
@@ -249,7 +250,8 @@ def test_neighbours_of_a_moved_node_are_queued_once_and_served_by_a_dirty_claim(
                  sorted(hub.edges.items(), key=lambda kv: -abs(kv[1][0]))][:loop.rcfg.neighbors_per_node]
         heavy = list(dict.fromkeys(heavy))
         assert len(heavy) >= 2
-        loop._queue_neighbors([hub.id], [hub], {hub.id: 5, heavy[0]: 5})
+        edges = EdgeColumns.from_states([hub.id], {hub.id: hub}, store.schema.action_codes())
+        loop._queue_neighbors([0], edges, {hub.id: 5, heavy[0]: 5})
         assert list(loop._neighbors) == heavy[1:] and set(loop._neighbors.values()) == {5}
         nbr = heavy[1]
         writer.apply_batch([(Engagement(nbr, "ad:fresh", "click", 9_000, 1.0), 3)])

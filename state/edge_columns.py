@@ -1,0 +1,87 @@
+"""A batch of nodes' adjacencies as columns: what the super-graph update and the neighbour
+queue need of the nodes a refresh encodes, without their `NodeState` records.
+
+The sampling process has just decoded those records for the views, so it builds these and
+ships them with the views: a few arrays and one list of distinct neighbour names instead of
+every edge as Python tuples. The worker used to decode the same records again under the
+interpreter lock it shares with ingest (19% of the refresh thread's time on a filled graph,
+py-spy during bench/freshness.py), then turn them into columns for the super-graph anyway.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from state.node import NodeState
+
+
+@dataclass(frozen=True, eq=False)
+class EdgeColumns:
+    """Edges of `nodes`, node by node in each record's own order.
+
+    nodes   tuple[str]        the nodes, in the order asked for
+    present bool     (n,)     whether the node has a record (absent: no edges)
+    bounds  int64    (n + 1,) node i's edges are rows bounds[i]:bounds[i + 1]
+    names   tuple[str]        distinct neighbours, in order of first appearance
+    nbr     int32    (e,)     index into `names`
+    action  int16    (e,)     action code (`SchemaConfig.action_codes`: sorted names)
+    w       float64  (e,)     stored decayed weight at t_ref (not decayed further)
+    t_ref   int64    (e,)     the weight's reference time (ms)
+    """
+    nodes: tuple[str, ...]
+    present: np.ndarray
+    bounds: np.ndarray
+    names: tuple[str, ...]
+    nbr: np.ndarray
+    action: np.ndarray
+    w: np.ndarray
+    t_ref: np.ndarray
+
+    @classmethod
+    def from_states(cls, nodes: Sequence[str], states: Mapping[str, NodeState | None],
+                    codes: Mapping[str, int]) -> "EdgeColumns":
+        """Columns of the records `states[n]` of `nodes`; `codes`: action -> code."""
+        nbr: list[str] = []
+        acts: list[str] = []
+        w: list[float] = []
+        t: list[int] = []
+        counts, present = [], []
+        for n in nodes:
+            s = states.get(n)
+            present.append(s is not None)
+            if s is None or not s.edges:
+                counts.append(0)
+                continue
+            # transposed per node by zip (C, not a Python step per edge)
+            k = list(zip(*s.edges))
+            v = list(zip(*s.edges.values()))
+            nbr += k[0]
+            acts += k[1]
+            w += v[0]
+            t += v[1]
+            counts.append(len(s.edges))
+        names = tuple(dict.fromkeys(nbr))
+        pos = dict(zip(names, range(len(names))))
+        return cls(nodes=tuple(nodes), present=np.array(present, bool),
+                   bounds=np.r_[0, np.cumsum(counts, dtype=np.int64)].astype(np.int64),
+                   names=names,
+                   nbr=np.fromiter(map(pos.__getitem__, nbr), np.int32, len(nbr)),
+                   action=np.fromiter(map(codes.__getitem__, acts), np.int16, len(acts)),
+                   w=np.array(w, np.float64), t_ref=np.array(t, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def owner(self) -> np.ndarray:
+        """Row -> index of the node whose edge it is."""
+        return np.repeat(np.arange(len(self.nodes), dtype=np.int64), np.diff(self.bounds))
+
+    def heaviest(self, i: int, k: int) -> list[str]:
+        """Neighbours of node i's `k` heaviest edges by |stored weight| (ties: record order;
+        a neighbour can appear once per action)."""
+        a, b = int(self.bounds[i]), int(self.bounds[i + 1])
+        order = np.argsort(-np.abs(self.w[a:b]), kind="stable")[:k]
+        return [self.names[j] for j in self.nbr[a:b][order].tolist()]
