@@ -16,9 +16,13 @@ with partitions x stored batches; at a 5 ms linger on 8 partitions it took most 
 within a minute of streaming on this 2-core machine. Per phase the bench prints the CPU share
 of the broker, the worker, its sampling process and itself while the stream ran, and in
 phases of a minute or more the endpoint p99 per 30 s of event time (a slow drift shows there).
+The synthetic world has ~2,900 nodes, so at 2,000 events/s their adjacencies fill towards the
+`graph.top_k` bound for minutes and the cost per refreshed node grows with them; `--prefill`
+streams that many events first, as fast as the worker takes them, so the phases run on a
+filled graph (the steady state) instead.
 
     python bench/freshness.py [--quick] [--rates 1000,2000,5000] [--seconds 120] [--checkpoint DIR]
-                              [--warmup 30] [--linger-ms 20] [--partitions 1]
+                              [--warmup 30] [--linger-ms 20] [--partitions 1] [--prefill 0]
 
 Writes var/bench/freshness.png and keeps the broker's and the worker's logs beside it
 (var/bench/freshness-broker.log, -worker.log); the last line printed is one JSON object of the
@@ -142,13 +146,7 @@ def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase, pids):
     elapsed = time.monotonic() - t0
     cpu = meter.shares()
     m_streamed = worker.metrics()                   # refresh batches while the stream ran
-    drain_until = time.monotonic() + 60             # the tail: until nothing is left to refresh
-    quiet = 0
-    while time.monotonic() < drain_until and quiet < 3:
-        time.sleep(1.0)
-        m = worker.metrics()
-        idle = m.get("hirflow_dirty_nodes", 0.0) == 0 and m.get("hirflow_neighbor_refresh_backlog", 0.0) == 0
-        quiet = quiet + 1 if idle else 0
+    wait_idle(worker, 60)                           # the tail: until nothing is left to refresh
     stop.set()
     t.join()
     sub.close()
@@ -174,6 +172,17 @@ def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase, pids):
             endpoint[i] = True
             seen.add((n, ts))
     return lat, endpoint, mine, refreshed / elapsed, backlog, grows, batches, cpu
+
+
+def wait_idle(worker, timeout_s: float) -> bool:
+    """Wait until the worker has nothing left to refresh for 3 s in a row (or the timeout)."""
+    until, quiet = time.monotonic() + timeout_s, 0
+    while time.monotonic() < until and quiet < 3:
+        time.sleep(1.0)
+        m = worker.metrics()
+        idle = m.get("hirflow_dirty_nodes", 0.0) == 0 and m.get("hirflow_neighbor_refresh_backlog", 0.0) == 0
+        quiet = quiet + 1 if idle else 0
+    return quiet >= 3
 
 
 def windowed_p99(event_ts: np.ndarray, lat: np.ndarray, window_s: float = WINDOW_S) -> list[float]:
@@ -207,6 +216,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds of stream at the first rate before measuring (compiles the "
                          "encoder's shape buckets; not counted)")
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="events streamed as fast as the worker takes them before the warm-up, "
+                         "then drained: the graph is filled towards its edge bounds first, so "
+                         "the phases measure the steady state rather than a young graph")
     a = ap.parse_args()
     rates = [float(r) for r in (a.rates or ("1000,2000" if a.quick else "1000,2000,5000")).split(",")]
     seconds = a.seconds or (12 if a.quick else 120)
@@ -239,9 +252,22 @@ def main() -> None:
             # one world streamed on through every phase: its catalog (~1,800 entities and
             # structural edges, all at its start) lands in the warm-up, and each measured
             # phase is the same stream going on at another rate
-            total = int(warmup * rates[0] + sum(rates) * seconds)
+            total = int(a.prefill + warmup * rates[0] + sum(rates) * seconds)
+            # the world's clock runs at the first rate through the prefill (its events are
+            # stamped when produced, so only the order of the world's drift depends on this)
+            span_s = a.prefill / rates[0] + warmup + seconds * len(rates)
             stream = SynthWorld(SynthConfig(events=total, seed=11, start_ms=int(time.time() * 1000),
-                                            span_days=(warmup + seconds * len(rates)) / 86400)).stream()
+                                            span_days=span_s / 86400)).stream()
+            if a.prefill > 0:
+                t = time.monotonic()
+                applied = worker.metrics().get("hirflow_events_applied_total", 0.0)
+                produce(up, stamped_now(itertools.islice(stream, a.prefill)), progress=False)
+                worker.wait_metric("hirflow_events_applied_total", applied + a.prefill, timeout=600)
+                drained = wait_idle(worker, 600)
+                m = worker.metrics()
+                print(f"prefill: {a.prefill:,} events as fast as taken, drained in "
+                      f"{time.monotonic() - t:.0f} s{'' if drained else ' (not idle yet)'}; "
+                      f"{m.get('hirflow_index_nodes', 0):,.0f} nodes in the index", flush=True)
             if warmup > 0:
                 lat = run_rate(cfg, up, worker, stream, rates[0], warmup, phase=0, pids={})[0]
                 print(f"warm-up: {warmup:.0f}s at {rates[0]:,.0f} ev/s, {len(lat)} changes "
