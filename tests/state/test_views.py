@@ -92,3 +92,43 @@ def test_deferred_invalidation_samples_the_new_state_and_frees_on_release(tmp_pa
         assert sum(x.edge_weight.size for x in a) > 0
         later.release()
         assert later._retired == []
+
+
+def test_node_info_matches_its_definition_edge_by_edge(tmp_path):
+    """What sampling knows of a node as of a cutoff, restated one edge at a time: only edges
+    that existed then, weights decayed to it, each neighbour ranked by its best edge's
+    |weight| x recency (ties by name, only the head kept), rows per neighbour, degrees."""
+    import math
+
+    from state.node import IN, OUT
+    rng = np.random.default_rng(3)
+    schema = SchemaConfig()
+    with GraphStore(tmp_path, schema, 4) as store:
+        apply_direct(store, world(rng, 8, 30, 1500), GraphConfig(path=str(tmp_path)))
+        sampler = ViewSampler(store.reader, schema, STUDENT)
+        rates = {a: spec.decay_rate for a, spec in schema.all_actions.items()}
+        codes = schema.action_codes()
+        rec = math.log(2) / (STUDENT.recency_half_life_s * 1000.0)
+        for cutoff in (T0 + 3 * DAY, T0 + 15 * DAY, T0 + 40 * DAY):
+            for s in store.reader.states([f"user:{i}" for i in range(8)] + ["ad:3"]):
+                info = sampler._compute(s, cutoff)
+                best, rows, deg = {}, {}, {OUT: 0, IN: 0}
+                for (nbr, action, d), (w, tref, _, first) in s.edges.items():
+                    if first > cutoff:
+                        continue
+                    dt = max(0, cutoff - tref)
+                    wt = w * math.exp(-rates[action] * dt)
+                    imp = abs(wt) * math.exp(-rec * dt)
+                    if imp > best.get(nbr, 0.0):
+                        best[nbr] = imp
+                    rows.setdefault(nbr, []).append((codes[action], d, wt, dt))
+                    deg[d] += 1
+                want = sorted(((v, n) for n, v in best.items()), reverse=True)[:2 * STUDENT.fanout]
+                head = info.ranked[:len(want)]            # only the head is ever read
+                assert [n for _, n in head] == [n for _, n in want]
+                assert np.allclose([v for v, _ in head], [v for v, _ in want], rtol=1e-12)
+                assert info.by_nbr.keys() == rows.keys()
+                for nbr, got in info.by_nbr.items():
+                    assert [r[:2] + (r[3],) for r in got] == [r[:2] + (r[3],) for r in rows[nbr]]
+                    assert np.allclose([r[2] for r in got], [r[2] for r in rows[nbr]], rtol=1e-12)
+                assert info.stats[1] == math.log1p(deg[OUT]) and info.stats[2] == math.log1p(deg[IN])
