@@ -5,7 +5,9 @@ it announcements), so every index write comes from this one thread and none can 
 Views are sampled a batch ahead, by default in a child process on a follower of the store
 (`state.view_source`, `refresh.sample_process`): while this thread encodes and writes batch
 k, the child samples batch k+1, which was claimed when k's views arrived, and packs it for
-the model in use (`ServingModel.packer`).
+the model in use (`ServingModel.packer`). The child also returns the adjacencies of the
+records it sampled from (`Sampled.edges`); the super-graph rows and the neighbour queue are
+made from those, so this thread decodes no node record.
 
 Crash safety, in order:
 1. claim durable dirty nodes (`GraphWriter.claim_dirty`), encode them;
@@ -279,6 +281,8 @@ class RefreshLoop:
     def _write(self, batch, gen, model: ServingModel, memory: MemoryIndex, ids,
                sampled: Sampled, event_ts, ts, publish: bool):
         """Encode with `model` and put records (+ changes when `publish`) into `batch`."""
+        if sampled.edges is None or sampled.edges.nodes != tuple(ids):
+            raise RuntimeError("the sampled adjacencies are not those of the batch's nodes")
         emb, assign, tokens = model.encode(sampled.views, sampled.knowledge, sampled.prepared)
         olds = self.index.records(gen, ids)
         pubs = self.index.published(ids) if publish else [None] * len(ids)
@@ -298,8 +302,6 @@ class RefreshLoop:
             batch.put_record(gen, rec, old)
             out.append((rec, change))
         if model.encoder is not None:                  # primitives exist only with a checkpoint
-            if sampled.edges is None or sampled.edges.nodes != tuple(ids):
-                raise RuntimeError("the sampled adjacencies are not those of the batch's nodes")
             mine = {rec.node: rec.assign for rec, _ in out}
 
             def assignments(names: list[str]):
