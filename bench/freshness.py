@@ -222,7 +222,7 @@ def main() -> None:
                          "the phases measure the steady state rather than a young graph")
     a = ap.parse_args()
     rates = [float(r) for r in (a.rates or ("1000,2000" if a.quick else "1000,2000,5000")).split(",")]
-    seconds = a.seconds or (12 if a.quick else 120)
+    seconds = a.seconds or (10 if a.quick else 120)
     out_dir = Path("var/bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     import tempfile
@@ -234,7 +234,7 @@ def main() -> None:
                                     "graph": {"path": os.path.join(tmp, "state")}})
         ensure_topics(cfg.kafka, Topics())
         up = upstream(cfg, a.linger_ms)
-        raw = np.array(kafka_alone(up, rates[0], min(seconds, 10)))
+        raw = np.array(kafka_alone(up, rates[0], min(seconds / 2, 10)))
         env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": a.checkpoint}
         worker = WorkerProcess(cfg, logs["worker"], env).start()
         try:
