@@ -111,7 +111,8 @@ class ViewSampler:
         self._recency = math.log(2) / (config.recency_half_life_s * 1000.0)
 
     # -- reads ----------------------------------------------------------------------------
-    def _states(self, ids: list[str]) -> dict[str, NodeState | None]:
+    def records(self, ids: list[str]) -> dict[str, NodeState | None]:
+        """The records of `ids` that views are sampled from (cached; read when missing)."""
         cache = self._cache
         missing = [n for n in dict.fromkeys(ids) if n not in cache]
         if missing:
@@ -120,10 +121,6 @@ class ViewSampler:
             while len(cache) > self._cache_size:
                 cache.popitem(last=False)
         return {n: cache[n] for n in ids}
-
-    def records(self, ids: list[str]) -> dict[str, NodeState | None]:
-        """The records of `ids` that views are sampled from (cached; read when missing)."""
-        return self._states(ids)
 
     def invalidate(self, node_ids, defer_free: bool = False) -> None:
         """Forget cached records of nodes whose state changed. With `defer_free` they are
@@ -193,7 +190,7 @@ class ViewSampler:
         frontier = [[a] for a in anchors]
         for hop in range(1, cfg.hops + 1):
             need = [n for f in frontier for n in f if n not in ranked]
-            for n, s in self._states(need).items():
+            for n, s in self.records(need).items():
                 ranked[n] = self._info(s, cutoff).ranked
             nxt = []
             for i, f in enumerate(frontier):
@@ -215,7 +212,7 @@ class ViewSampler:
         for i, a in enumerate(anchors):
             rest = sorted(((p, n) for n, p in prio[i].items() if n != a), key=lambda x: (-x[0], x[1]))
             chosen.append([a] + [n for _, n in rest[:cfg.max_nodes - 1]])
-        states = self._states([n for c in chosen for n in c])
+        states = self.records([n for c in chosen for n in c])
         return [self._build(a, cutoff, c, hops[i], states) for i, (a, c) in enumerate(zip(anchors, chosen))]
 
     def _walk(self, anchors, cutoff, prio, hops, ranked, rng: np.random.Generator) -> None:
@@ -232,7 +229,7 @@ class ViewSampler:
         for _step in range(cfg.walk_length):
             need = [n for n in dict.fromkeys(pos) if n not in ranked]
             if need:
-                for n, st in self._states(need).items():
+                for n, st in self.records(need).items():
                     ranked[n] = self._info(st, cutoff).ranked
             u = rng.random((len(pos), 2))
             for j, here in enumerate(pos):
