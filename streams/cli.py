@@ -17,6 +17,9 @@ from streams import logs
 log = logging.getLogger("hirflow")
 
 
+FILE_FORMATS = ["jsonl", "csv", "taobao", "online-retail"]   # streams.replay.FORMATS
+
+
 def _parse_sets(sets: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for s in sets:
@@ -139,7 +142,7 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
 
 @cli.command()
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "taobao"]),
+@click.option("--format", "fmt", type=click.Choice(FILE_FORMATS),
               help="File format (default: from the name and first line).")
 @click.option("--rate", type=float, help="Pace to this many events per second.")
 @click.option("--progress/--no-progress", default=True)
@@ -147,14 +150,18 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
 def replay(obj: Ctx, path, fmt, rate, progress):
     """Produce the events of a file to hirflow.engagements / hirflow.entities."""
     from state.events import Validator
+    from streams.adapters.online_retail import Rejects
     from streams.replay import ReplayError, detect_format, produce, read_events
     cfg = obj.config()
+    rejects = Rejects()
     try:
         fmt = fmt or detect_format(path)
-        stats = produce(cfg, read_events(path, fmt, Validator(cfg.schema)), rate=rate,
+        stats = produce(cfg, read_events(path, fmt, Validator(cfg.schema), rejects), rate=rate,
                         progress=progress)
     except ReplayError as exc:
         raise click.ClickException(str(exc)) from None
+    if rejects.total:
+        stats["skipped_rows"] = dict(sorted(rejects.counts.items()))
     click.echo(json.dumps(stats))
 
 
@@ -274,12 +281,13 @@ def _text_encode(enabled: bool):
 @cli.command()
 @click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Train from a file that `hirflow replay` reads instead of the Kafka topics.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "taobao"]))
+@click.option("--format", "fmt", type=click.Choice(FILE_FORMATS))
 @click.option("--entities", "entities_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Entity file (texts for world knowledge), e.g. entities.jsonl of `hirflow synth`.")
 @click.option("--cutoff", help="Use events up to this time (ms or YYYY-MM-DD; default: now).")
-@click.option("--train-share", type=float, default=0.7, show_default=True,
-              help="Share of the events, in time order, used for training (the rest: validation, test).")
+@click.option("--train-share", type=float, default=0.8, show_default=True,
+              help="Share of the events, in time order, used for training (then 10%% validation, "
+                   "the rest test).")
 @click.option("--window", help="Only the data of this long before the cutoff, e.g. 14d (default: all).")
 @click.option("--every", help="Train periodically, e.g. 1h: each round takes the data up to now "
                               "and continues the previous checkpoint (its parent).")
@@ -360,21 +368,28 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
 @click.option("--input", "input_path", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Events (any format `hirflow replay` reads); windows are taken from them.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "taobao"]))
+@click.option("--format", "fmt", type=click.Choice(FILE_FORMATS))
 @click.option("--entities", "entities_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Entity file (texts): world knowledge, and the cold-start evaluation.")
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="labels.jsonl from `hirflow synth` (planted interests) for NMI / ARI.")
 @click.option("--category-labels", is_flag=True,
               help="Use `belongs_to` categories (Taobao) as the labels for NMI / ARI.")
-@click.option("--train-share", type=float, default=0.7, show_default=True)
+@click.option("--train-share", type=float, default=0.8, show_default=True,
+              help="Training share of the events in time order; then 10%% validation (where "
+                   "baselines are tuned), the rest is the test window.")
+@click.option("--quick-baselines", is_flag=True,
+              help="One or two grid points per baseline instead of the full validation search.")
 @click.option("--knowledge/--no-knowledge", default=True, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("var/eval"),
               show_default=True)
 @click.pass_obj
 def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, category_labels,
-             train_share, knowledge, out):
-    """Evaluate a checkpoint on the test window: metrics.json and PNG plots, with baselines."""
+             train_share, quick_baselines, knowledge, out):
+    """Evaluate a checkpoint on the test window against baselines tuned on the validation
+    window: Recall/NDCG of new items with confidence intervals, cold start, hierarchy;
+    writes metrics.json and recall.png to --out."""
+    from trainer.baselines import QUICK, STANDARD
     from trainer.data import chronological_windows, world_knowledge
     from trainer.evaluate import category_labels as categories, evaluate as run_eval
     cfg = obj.config()
@@ -394,7 +409,7 @@ def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, categ
     elif category_labels:
         lab = categories(evs)
     metrics = run_eval(checkpoint, evs, windows, cfg.schema, out, labels=lab, texts=texts,
-                       later_texts=later)
+                       later_texts=later, baselines=QUICK if quick_baselines else STANDARD)
     click.echo(json.dumps(metrics, indent=2))
 
 

@@ -1,7 +1,9 @@
 """`hirflow replay`: files of events -> Kafka, keyed by src (or node), idempotent producer.
 
 Formats: ``jsonl`` (one event per line in the wire schema; lines with ``node`` are entity
-events), ``csv`` (header with src,dst,action,ts[,w,id]) and ``taobao`` (UserBehavior CSV).
+events), ``csv`` (header with src,dst,action,ts[,w,id]), ``taobao`` (UserBehavior CSV) and
+``online-retail`` (the UCI Online Retail invoice lines; rows that are no customer's purchase
+of a product are skipped and counted by reason, see `streams.adapters.online_retail`).
 Lines are validated before producing, so a bad file fails fast with its line number instead
 of filling the dead-letter topic; ``--rate`` paces the stream in events per second.
 """
@@ -18,14 +20,15 @@ from typing import Iterable, Iterator
 
 from tqdm import tqdm
 
-from state.events import Engagement, Entity, EventError, Validator, encode_engagement, encode_entity
+from state.events import (Engagement, Entity, EventError, Validator, as_dict, encode_engagement,
+                          encode_entity)
 from streams import clients
-from streams.adapters import taobao
+from streams.adapters import online_retail, taobao
 from streams.config import HirflowConfig
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
-FORMATS = ("jsonl", "csv", "taobao")
+FORMATS = ("jsonl", "csv", "taobao", "online-retail")
 PACE_SLICE_S = 0.005                # with a rate: paced in slices of this much stream time
 
 
@@ -47,14 +50,26 @@ def detect_format(path: Path) -> str:
         first = f.readline()
     if first.lower().startswith("src,"):
         return "csv"
+    if online_retail.looks_like(first):
+        return "online-retail"
     if len(first.split(",")) == 5 and first.split(",")[3].strip() in taobao.BEHAVIORS:
         return "taobao"
     raise ReplayError(f"cannot tell the format of {path}; pass --format ({', '.join(FORMATS)})")
 
 
-def read_events(path: Path, fmt: str, validator: Validator) -> Iterator[Engagement | Entity]:
-    """Validated events from a file; a bad line raises ReplayError naming it."""
+def read_events(path: Path, fmt: str, validator: Validator,
+                rejects: online_retail.Rejects | None = None) -> Iterator[Engagement | Entity]:
+    """Validated events from a file; a bad line raises ReplayError naming it, except in the
+    online-retail format, whose messy rows are expected and counted in `rejects`."""
     with _open_text(path) as f:
+        if fmt == "online-retail":
+            try:
+                for ev in online_retail.read(f, rejects):
+                    yield validator.entity(as_dict(ev)) if isinstance(ev, Entity) \
+                        else validator.engagement(as_dict(ev))
+            except (online_retail.OnlineRetailFormatError, EventError) as exc:
+                raise ReplayError(f"{path}: {exc}") from None
+            return
         if fmt == "taobao":
             try:
                 yield from taobao.read(f)

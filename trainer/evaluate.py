@@ -1,18 +1,23 @@
 """Evaluation on the test window, against baselines computed in the same run on the same split.
 
-- next engagement: Recall@K and NDCG@K of the items (ads, products) each user engages in the
-  test window, ranked from state as of the test window's start; the same for deep-funnel
-  actions alone (funnel_weight > 1);
+- ranking (`trainer.ranking`): a global time split; for each user, the items known before
+  the test window that the user had not engaged before, ranked by the served embedding's
+  inner product (what the BoM index retrieves by and subscribers receive), from state as of
+  the window's start; positives are the configured positive actions (never negative ones),
+  overall and deep funnel (funnel_weight > 1); repeats are counted apart; Recall@K and
+  NDCG@K with bootstrap confidence intervals over users, and the paired ratio to the best
+  baseline;
+- baselines (`trainer.baselines`): popularity (all time and recent), item-kNN, EASE^R, ALS
+  and LightGCN-style propagation, each tuned on the validation window, then refitted on
+  everything before the test window (as the served model's state is);
 - cold start: items first seen in the test window that have text, ranked among all items
   for the users who engage them (their embeddings come from type + world knowledge alone);
   popularity knows nothing of them;
 - hierarchy: NMI / ARI of each level's assignments against planted labels (synthetic world)
-  or any node -> label map (Taobao categories), and densification (how much denser the
-  primitive graph is than the raw graph);
+  or any node -> label map (Taobao categories), usage entropy per level, and densification
+  (how much denser the primitive graph is than the raw graph);
 - BoM: recall of the inverted index (candidates sharing a token, re-ranked by inner product)
-  against exact inner-product search on the same embeddings;
-- baselines: popularity, item co-occurrence kNN, and matrix factorisation (truncated SVD of
-  the user x item matrix).
+  against exact inner-product search on the same embeddings.
 
 Writes `metrics.json` and PNG plots.
 """
@@ -21,11 +26,13 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
@@ -38,11 +45,14 @@ from state.graph import GraphConfig, GraphStore
 from state.schema import SchemaConfig
 from state.views import STUDENT, ViewSampler
 from state.writer import BOTH_SIDES, GraphWriter
+from trainer import baselines as B
 from trainer.data import Windows
+from trainer.ranking import RankingTask, paired_ratio_ci, per_user_metrics, ranking_task, summarise
 from trainer.train import embed
 
 log = logging.getLogger(__name__)
 ITEM_TYPES = ("ad", "product")
+KS = (10, 20, 50)
 
 
 def load_model(path) -> tuple[HierarchicalEncoder, ckpt.Checkpoint]:
@@ -50,56 +60,26 @@ def load_model(path) -> tuple[HierarchicalEncoder, ckpt.Checkpoint]:
     return encoder_from(ck), ck
 
 
-def _rank_metrics(scores: np.ndarray, truth: list[set[int]], k: int) -> tuple[float, float]:
-    """Mean Recall@k and NDCG@k; scores (U, I), truth[u] = item indices engaged."""
-    top = np.argsort(-scores, axis=1)[:, :k]
-    rec, ndcg = [], []
-    disc = 1.0 / np.log2(np.arange(2, k + 2))
-    for u, t in enumerate(truth):
-        hits = np.array([i in t for i in top[u]], float)
-        rec.append(hits.sum() / len(t))
-        ndcg.append((hits * disc).sum() / disc[:min(len(t), k)].sum())
-    return float(np.mean(rec)), float(np.mean(ndcg))
+def positive_actions(schema: SchemaConfig) -> set[str]:
+    """Actions that say a user wants an item: positive sign, not structural."""
+    return {a for a, s in schema.all_actions.items() if s.sign > 0 and not s.structural}
 
 
-def baselines(train: Sequence[Engagement], users: list[str], items: list[str],
-              factors: int = 32) -> dict[str, np.ndarray]:
-    """(U, I) scores of popularity, item co-occurrence kNN and SVD matrix factorisation."""
-    ui = {u: i for i, u in enumerate(users)}
-    ii = {x: i for i, x in enumerate(items)}
-    m = np.zeros((len(users), len(items)), np.float32)
-    for e in train:
-        if e.src in ui and e.dst in ii:
-            m[ui[e.src], ii[e.dst]] += e.w
-    binary = (m > 0).astype(np.float32)
-    pop = np.broadcast_to(binary.sum(0), m.shape).copy()
-    norms = np.linalg.norm(binary, axis=0) + 1e-9
-    sim = (binary.T @ binary) / norms[:, None] / norms[None, :]
-    np.fill_diagonal(sim, 0.0)
-    cooc = binary @ sim
-    u, s, vt = np.linalg.svd(np.log1p(m), full_matrices=False)
-    f = min(factors, len(s))
-    mf = (u[:, :f] * s[:f]) @ vt[:f]
-    return {"popularity": pop, "cooccurrence_knn": cooc, "matrix_factorisation": mf}
+def deep_funnel_actions(schema: SchemaConfig) -> set[str]:
+    return {a for a in positive_actions(schema) if schema.all_actions[a].funnel_weight > 1}
 
 
-def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: SchemaConfig,
-             out_dir, labels: Mapping[str, Mapping[str, int]] | None = None,
-             texts: Mapping[str, np.ndarray] | None = None,
-             later_texts: Mapping[str, np.ndarray] | None = None, ks: Sequence[int] = (10, 50)) -> dict:
-    """Evaluate checkpoint `path` on the test window of `events`; writes metrics.json + PNGs.
+def item_types(schema: SchemaConfig) -> tuple[str, ...]:
+    return tuple(t for t in ITEM_TYPES if t in schema.all_node_types)
 
-    `texts`: world knowledge known at the test window's start; `later_texts`: known by its
-    end, used only for the items first seen in it (cold start)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model, ck = load_model(path)
-    enc_cfg = model.cfg
-    events = sorted(events, key=lambda e: e.ts)
-    before = [e for e in events if e.ts < windows.val_end]
-    test = [e for e in events if e.ts >= windows.val_end]
-    funnel = {a for a, s in schema.all_actions.items() if s.funnel_weight > 1}
-    with tempfile.TemporaryDirectory() as tmp:
+
+def state_embeddings(model: HierarchicalEncoder, before: Sequence[Engagement], schema: SchemaConfig,
+                     cutoff: int, texts=None, extra: Sequence[str] = (),
+                     extra_texts=None) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
+    """Embeddings of every node of `before` as serving would compute them at `cutoff`: the
+    events applied to a fresh graph store, student views sampled as of the cutoff.
+    -> (node -> row, embeddings, embeddings of `extra` nodes (with `extra_texts`))."""
+    with tempfile.TemporaryDirectory(prefix="hirflow-eval-") as tmp:
         store = GraphStore(Path(tmp) / "s", schema, 1)
         w = GraphWriter(store, GraphConfig(path=str(Path(tmp) / "s")))
         for i in range(0, len(before), 20_000):
@@ -107,61 +87,101 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
             w.commit()
         nodes = sorted({n for e in before for n in (e.src, e.dst)})
         sampler = ViewSampler(store.reader, schema, STUDENT, seed=0)
-        emb = embed(model, sampler, nodes, windows.val_end - 1, enc_cfg, texts, model.device)
-        known = set(nodes)
-        cold = sorted({e.dst for e in test if e.dst not in known and e.dst.partition(":")[0] in ITEM_TYPES
-                       and e.dst in (later_texts or {})})
-        cold_emb = embed(model, sampler, cold, windows.val_end - 1, enc_cfg, later_texts, model.device)
+        emb = embed(model, sampler, nodes, cutoff, model.cfg, texts, model.device)
+        extra_emb = embed(model, sampler, list(extra), cutoff, model.cfg, extra_texts, model.device)
         store.close()
-    index = {n: i for i, n in enumerate(nodes)}
-    items = [n for n in nodes if n.partition(":")[0] in ITEM_TYPES]
-    metrics: dict = {"checkpoint": ck.id, "test_events": len(test), "windows": windows.__dict__}
-    for name, acts in (("next_engagement", None), ("deep_funnel", funnel)):
-        truth_map: dict[str, set[int]] = defaultdict(set)
-        item_idx = {x: i for i, x in enumerate(items)}
-        used: set[str] = set()
-        for e in test:
-            if e.src in index and e.dst in item_idx and (acts is None or e.action in acts):
-                truth_map[e.src].add(item_idx[e.dst])
-                used.add(e.action)
-        users = sorted(truth_map)
-        if not users:
+    return {n: i for i, n in enumerate(nodes)}, emb, extra_emb
+
+
+def compare(hirflow: np.ndarray | None, test: RankingTask, val: RankingTask,
+            baselines: Sequence[B.Baseline], ks: Sequence[int] = KS) -> dict:
+    """hirflow's scores (n_eval, I) on `test` against each baseline tuned on `val`: per method
+    every metric with its interval, the validation search, and the paired ratio of hirflow
+    to the best baseline at Recall@20."""
+    res: dict = {"users": test.n_eval, "items": len(test.items), "new_positives": test.new,
+                 "repeat_positives": test.repeats, "methods": {}, "tuning": {}}
+    per_user: dict[str, dict[str, np.ndarray]] = {}
+    if hirflow is not None:
+        per_user["hirflow"] = per_user_metrics(hirflow, test, ks)
+    for b in baselines:
+        t = time.perf_counter()
+        params, val_score, tried = B.tune(b, val)
+        per_user[b.name] = per_user_metrics(b.score(test, params), test, ks)
+        res["tuning"][b.name] = {"chosen": params, "validation_recall@20": val_score, "grid": tried,
+                                 "seconds": round(time.perf_counter() - t, 1)}
+    for name, m in per_user.items():
+        res["methods"][name] = summarise(m)
+    base = [n for n in per_user if n != "hirflow"]
+    if base:
+        best = max(base, key=lambda n: per_user[n]["recall@20"].mean())
+        res["best_baseline"] = best
+        if "hirflow" in per_user:
+            r, lo, hi = paired_ratio_ci(per_user["hirflow"]["recall@20"], per_user[best]["recall@20"])
+            res["hirflow_vs_best_recall@20"] = {"ratio": round(r, 3), "ci_low": round(lo, 3),
+                                                "ci_high": round(hi, 3)}
+    return res
+
+
+def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: SchemaConfig,
+             out_dir, labels: Mapping[str, Mapping[str, int]] | None = None,
+             texts: Mapping[str, np.ndarray] | None = None,
+             later_texts: Mapping[str, np.ndarray] | None = None, ks: Sequence[int] = KS,
+             baselines: Sequence[B.Baseline] = B.STANDARD) -> dict:
+    """Evaluate checkpoint `path` on the test window of `events`; writes metrics.json + PNGs.
+
+    `texts`: world knowledge known at the test window's start; `later_texts`: known by its
+    end, used only for the items first seen in it (cold start)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model, ck = load_model(path)
+    events = sorted(events, key=lambda e: e.ts)
+    before = [e for e in events if e.ts < windows.val_end]
+    test = [e for e in events if e.ts >= windows.val_end]
+    kinds = item_types(schema)
+    known = {n for e in before for n in (e.src, e.dst)}
+    cold = sorted({e.dst for e in test if e.dst not in known and e.dst.partition(":")[0] in kinds
+                   and e.dst in (later_texts or {})})
+    t = time.perf_counter()
+    index, emb, cold_emb = state_embeddings(model, before, schema, windows.val_end - 1, texts, cold,
+                                            later_texts)
+    metrics: dict = {"checkpoint": ck.id, "test_events": len(test), "windows": windows.__dict__,
+                     "embed_seconds": round(time.perf_counter() - t, 1)}
+    for name, acts in (("next_engagement", positive_actions(schema)),
+                       ("deep_funnel", deep_funnel_actions(schema))):
+        if not acts:
+            continue
+        val_task = ranking_task(before, windows.train_end, windows.val_end, acts, kinds)
+        test_task = ranking_task(events, windows.val_end, windows.end + 1, acts, kinds)
+        if test_task.n_eval == 0:
             metrics[name] = {"users": 0}
             continue
-        truth = [truth_map[u] for u in users]
-        u_emb, i_emb = emb[[index[u] for u in users]], emb[[index[x] for x in items]]
-        # the model's own score: <u * r_a, i> averaged over the evaluated actions (DistMult
-        # is linear in r); the plain inner product is what the BoM index retrieves by
-        scores = {"hirflow": (u_emb * _relation(ck, schema, used)) @ i_emb.T,
-                  "hirflow_inner_product": u_emb @ i_emb.T}
-        scores.update(baselines(before, users, items))
-        res = {"users": len(users)}
-        for method, sc in scores.items():
-            for k in ks:
-                r, n = _rank_metrics(sc, truth, min(k, len(items)))
-                res[f"{method}_recall@{k}"] = round(r, 4)
-                res[f"{method}_ndcg@{k}"] = round(n, 4)
-        metrics[name] = res
+        u = emb[[index[test_task.users[i]] for i in test_task.eval_users]]
+        scores = u @ emb[[index[x] for x in test_task.items]].T          # the served inner product
+        metrics[name] = compare(scores, test_task, val_task, baselines if val_task.n_eval else (), ks)
     with torch.no_grad():
-        assign = model.assign(torch.from_numpy(emb), torch.tensor(schema.type_codes(nodes))).numpy()
+        nodes = sorted(index, key=index.get)
+        assign = model.assign(torch.from_numpy(emb).to(model.device),
+                              torch.tensor(schema.type_codes(nodes), device=model.device)).cpu().numpy()
+    items = [n for n in nodes if n.partition(":")[0] in kinds]
     metrics["cold_start"] = _cold_start(emb, index, items, cold, cold_emb, before, test, ks)
     if labels:
         metrics["hierarchy"] = _hierarchy(assign, nodes, labels)
+    metrics["usage_entropy"] = _usage_entropy(assign, model.cfg.levels)
     metrics["densification"] = _densification(assign, index, before)
     metrics["bom_recall@100"] = _bom_recall(emb, ck)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
-    _plot(metrics, out / "recall.png", ks)
+    _plot(metrics, out / "recall.png")
     return metrics
 
 
-def _relation(ck: ckpt.Checkpoint, schema: SchemaConfig, actions: set[str]) -> np.ndarray:
-    """Mean relation vector of `actions` from the checkpoint's engagement head (ones if none)."""
-    rel = ck.weights.get("head.relation.weight")
-    order = sorted(schema.all_actions)
-    if rel is None or rel.shape[0] != len(order) or not actions:
-        return np.ones((1, ck.manifest["config"]["d_emb"]), np.float32)
-    idx = [order.index(a) for a in sorted(actions)]
-    return rel[idx].float().mean(0, keepdim=True).numpy()
+def _usage_entropy(assign: np.ndarray, levels: Sequence[int]) -> dict:
+    """Per level, the entropy of primitive usage over log K (1 = perfectly even)."""
+    out = {}
+    for lvl, k in enumerate(levels):
+        p = np.bincount(assign[:, lvl], minlength=k) / max(1, len(assign))
+        p = p[p > 0]
+        out[f"level{lvl}"] = round(float(-(p * np.log(p)).sum() / np.log(k)), 4) if k > 1 else 1.0
+    return out
 
 
 def _cold_start(emb, index, items: list[str], cold: list[str], cold_emb: np.ndarray, before, test,
@@ -178,7 +198,9 @@ def _cold_start(emb, index, items: list[str], cold: list[str], cold_emb: np.ndar
     res: dict = {"users": len(users), "cold_items": len(cold), "items": len(items) + len(cold)}
     if not users:
         return res
-    truth = [truth_map[u] for u in users]
+    task = RankingTask(0, users, items + cold, sp.csr_matrix((len(users), len(items) + len(cold))),
+                       sp.csr_matrix((len(users), len(items) + len(cold))), np.arange(len(users)),
+                       [np.array(sorted(truth_map[u])) for u in users], 0, 0)
     cand = np.concatenate([emb[[index[x] for x in items]], cold_emb]) if items else cold_emb
     pop = np.zeros(len(items) + len(cold))
     ii = {x: i for i, x in enumerate(items)}
@@ -189,10 +211,10 @@ def _cold_start(emb, index, items: list[str], cold: list[str], cold_emb: np.ndar
     scores = {"hirflow": emb[[index[u] for u in users]] @ cand.T,
               "popularity": pop[None, :] + noise}
     for method, sc in scores.items():
+        m = per_user_metrics(sc, task, ks)
         for k in ks:
-            r, n = _rank_metrics(sc, truth, min(k, len(pop)))
-            res[f"{method}_recall@{k}"] = round(r, 4)
-            res[f"{method}_ndcg@{k}"] = round(n, 4)
+            res[f"{method}_recall@{k}"] = round(float(m[f"recall@{k}"].mean()), 4)
+            res[f"{method}_ndcg@{k}"] = round(float(m[f"ndcg@{k}"].mean()), 4)
     return res
 
 
@@ -269,20 +291,28 @@ def _bom_recall(emb: np.ndarray, ck: ckpt.Checkpoint, k: int = 100, queries: int
     return round(hits / max(1, total), 4)
 
 
-def _plot(metrics: dict, path: Path, ks) -> None:
+def _plot(metrics: dict, path: Path) -> None:
+    """Recall@20 with its 95 % interval per method, one panel per task."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
-    for ax, name in zip(axes, ("next_engagement", "deep_funnel", "cold_start")):
-        res = metrics.get(name, {})
-        methods = sorted({k.split("_recall@")[0] for k in res if "_recall@" in k})
-        x = np.arange(len(methods))
-        for j, k in enumerate(ks):
-            ax.bar(x + j * 0.4, [res.get(f"{m}_recall@{k}", 0) for m in methods], 0.4, label=f"Recall@{k}")
-        ax.set_xticks(x + 0.2, methods, rotation=15)
-        ax.set_title(f"{name} ({res.get('users', 0)} users)")
-        ax.legend()
+    tasks = [n for n in ("next_engagement", "deep_funnel") if metrics.get(n, {}).get("methods")]
+    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(6 * (len(tasks) + 1), 4), squeeze=False)
+    for ax, name in zip(axes[0], tasks):
+        res = metrics[name]["methods"]
+        methods = sorted(res, key=lambda m: res[m]["recall@20"]["mean"])
+        mean = np.array([res[m]["recall@20"]["mean"] for m in methods])
+        err = np.array([[mean[i] - res[m]["recall@20"]["ci_low"], res[m]["recall@20"]["ci_high"] - mean[i]]
+                        for i, m in enumerate(methods)]).T
+        ax.barh(methods, mean, xerr=err, color=["C3" if m == "hirflow" else "C0" for m in methods])
+        ax.set_xlabel("Recall@20 (new items, 95% CI over users)")
+        ax.set_title(f"{name} ({metrics[name]['users']} users)")
+    cold = metrics.get("cold_start", {})
+    ax = axes[0][-1]
+    methods = [m for m in ("hirflow", "popularity") if f"{m}_recall@20" in cold]
+    ax.bar(methods, [cold[f"{m}_recall@20"] for m in methods], color=["C3", "C0"][:len(methods)])
+    ax.set_title(f"cold start ({cold.get('users', 0)} users)")
+    ax.set_ylabel("Recall@20")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

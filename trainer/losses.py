@@ -81,3 +81,28 @@ def usage_entropy(assignments: torch.Tensor, k: int) -> float:
     p = counts / counts.sum()
     p = p[p > 0]
     return float(-(p * p.log()).sum())
+
+
+def in_batch_softmax_loss(emb: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+                          weights: torch.Tensor, log_q: torch.Tensor, type_ids: torch.Tensor,
+                          temperature: float = 0.05) -> torch.Tensor:
+    """Sampled softmax over the batch's destinations (two-tower retrieval objective).
+
+    `emb` (V, d) anchor embeddings; `src`, `dst` (P,) anchor indices of the positives;
+    `log_q` (V,) log of how likely each anchor is to be in a batch as a destination (the
+    logQ correction: sampled softmax then estimates the full softmax, popularity included,
+    instead of punishing popular items for being sampled as negatives more often);
+    `type_ids` (V,) node types: a positive competes only with destinations of its type.
+    The batch's other positives of the same source are not negatives."""
+    cand = torch.unique(dst)                                        # (C,)
+    logits = emb[src] @ emb[cand].T / temperature - log_q[cand][None, :]   # (P, C)
+    col = torch.searchsorted(cand, dst)                             # (P,) own destination
+    pos = torch.zeros_like(logits, dtype=torch.bool)
+    same_src = src[:, None] == src[None, :]                         # (P, P)
+    pos[torch.nonzero(same_src, as_tuple=True)[0], col[torch.nonzero(same_src, as_tuple=True)[1]]] = True
+    own = torch.zeros_like(pos)
+    own[torch.arange(len(src)), col] = True
+    other_type = type_ids[cand][None, :] != type_ids[dst][:, None]
+    logits = logits.masked_fill((pos & ~own) | other_type, float("-inf"))
+    per = F.cross_entropy(logits, col, reduction="none")
+    return (per * weights).sum() / weights.sum().clamp_min(1e-8)

@@ -49,6 +49,8 @@ class Prepared:
     action: torch.Tensor
     label: torch.Tensor
     anchors: int
+    teacher_idx: torch.Tensor       # (T,) anchors that also have a teacher view (distillation)
+    log_q: torch.Tensor             # (V,) log expected count of each anchor as a batch destination
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,10 @@ class ChunkDone:
     chunk: int
 
 
-def chunk_plan(events: Sequence[Engagement], chunk_ms: int, batch_edges: int, max_steps: int,
+def chunk_plan(events: Sequence[Engagement], chunk_ms: int, batch_edges: int, max_steps: int | None,
                seed: int, passes: int = 1) -> list[list[np.ndarray]]:
     """Per time chunk, the event indices of each of its steps (chunk 0 only builds state):
-    `passes` shuffles of the chunk's events, up to `max_steps` batches each."""
+    `passes` shuffles of the chunk's events, up to `max_steps` batches each (None: all)."""
     t0 = events[0].ts
     ids = np.array([(e.ts - t0) // chunk_ms for e in events])
     chunks = np.split(np.arange(len(events)), np.flatnonzero(np.diff(ids)) + 1)
@@ -72,7 +74,8 @@ def chunk_plan(events: Sequence[Engagement], chunk_ms: int, batch_edges: int, ma
         steps = [idx]
         for p in range(passes):
             order = idx[np.argsort(np.random.default_rng([seed, k, p]).random(len(idx)), kind="stable")]
-            n = min(max_steps, math.ceil(len(order) / batch_edges))
+            n = math.ceil(len(order) / batch_edges)
+            n = n if max_steps is None else min(max_steps, n)
             steps.extend(order[b * batch_edges:(b + 1) * batch_edges] for b in range(n))
         plan.append(steps)
     return plan
@@ -88,12 +91,14 @@ class BatchPipeline:
                  schema: SchemaConfig, teacher_view: ViewConfig, student_view: ViewConfig,
                  pack_cfg: PackConfig, a_index: Mapping[str, int], negatives: int, seed: int,
                  texts: Mapping[str, np.ndarray] | None = None, workers: int = 1, prefetch: int = 4,
-                 start_chunk: int = 0, cold_share: float = 0.0) -> None:
+                 start_chunk: int = 0, cold_share: float = 0.0,
+                 teacher_anchors: int | None = None) -> None:
         self.events, self.plan, self.schema = events, plan, schema
         self.views = (teacher_view, student_view)
         self.pack_cfg, self.a_index, self.negatives, self.seed = pack_cfg, a_index, negatives, seed
         self.texts, self.workers, self.prefetch, self.start_chunk = texts, workers, max(1, prefetch), start_chunk
         self.cold_share = cold_share
+        self.teacher_anchors = teacher_anchors
         self.store = GraphStore(store_dir, schema, 1)
         self.writer = GraphWriter(self.store, GraphConfig(path=str(store_dir)))
         self.by_type: dict[str, list[str]] = {}       # node type -> nodes seen so far (negatives)
@@ -102,6 +107,13 @@ class BatchPipeline:
         self._local = threading.local()
         self._lock = threading.Lock()
         self.sample_s = 0.0        # sampling + packing time, summed over workers
+        self._dst_share: dict[int, dict[str, float]] = {}
+        for k, steps in enumerate(plan):
+            if len(steps) > 1:
+                counts: dict[str, int] = {}
+                for i in steps[0]:
+                    counts[events[i].dst] = counts.get(events[i].dst, 0) + 1
+                self._dst_share[k] = {n: c / len(steps[0]) for n, c in counts.items()}
 
     def _pair(self) -> tuple[ViewSampler, ViewSampler]:
         pair = getattr(self._local, "pair", None)
@@ -139,17 +151,28 @@ class BatchPipeline:
             drill = rng.random(len(s_views)) < self.cold_share
             s_views = [cold_view(v) if d and v.anchor in self.texts else v for v, d in zip(s_views, drill)]
         s = pack(s_views, self.pack_cfg, knowledge=self.texts)
-        te = pack(teacher.sample(anchors, cutoff, rng=rng), self.pack_cfg, knowledge=self.texts)
+        t_idx = np.arange(len(anchors))
+        if self.teacher_anchors is not None and len(anchors) > self.teacher_anchors:
+            # broad views cost ~8x a narrow one: distil on a seeded subset of the anchors
+            t_idx = np.sort(rng.choice(len(anchors), self.teacher_anchors, replace=False))
+        te = pack(teacher.sample([anchors[i] for i in t_idx], cutoff, rng=rng), self.pack_cfg,
+                  knowledge=self.texts)
         r = 1 + self.negatives
         src = torch.tensor([pos[e.src] for e in batch for _ in range(r)])
         dst = torch.tensor([x for i, e in enumerate(batch) for x in
                             [pos[e.dst]] + [pos[n] for n in negs[i * self.negatives:(i + 1) * self.negatives]]])
         act = torch.tensor([self.a_index[e.action] for e in batch for _ in range(r)])
         label = torch.tensor([1.0 if j == 0 else 0.0 for _ in batch for j in range(r)])
+        # the chance of an anchor being a destination of a batch of this chunk: its share of
+        # the chunk's events times the batch size (the sampled softmax's logQ correction)
+        share = self._dst_share.get(chunk, {})
+        log_q = torch.tensor([np.log(max(share.get(n, 0.0) * len(batch), 1e-6)) for n in anchors],
+                             dtype=torch.float32)
         dt = time.perf_counter() - t
         with self._lock:
             self.sample_s += dt
-        return Prepared(step, chunk, cutoff, s, te, src, dst, act, label, len(anchors))
+        return Prepared(step, chunk, cutoff, s, te, src, dst, act, label, len(anchors),
+                        torch.from_numpy(t_idx), log_q)
 
     def _apply(self, k: int) -> None:
         idx = self.plan[k][0]

@@ -39,7 +39,7 @@ def parse_duration(text: str) -> float:
 
 @dataclass(frozen=True)
 class RunOptions:
-    train_share: float = 0.7
+    train_share: float = 0.8           # then 10% validation, the last 10% test
     window_s: float | None = None       # only this much data before the cutoff (None: all)
     levels: tuple[int, ...] | None = None   # prototypes per level (None: the encoder default)
     knowledge: bool = True              # entity texts -> world-knowledge vectors, as served

@@ -54,8 +54,12 @@ class NonFiniteLoss(RuntimeError):
 class TrainConfig:
     seed: int = 0
     chunk_hours: float = 24.0        # time chunk: shuffles never cross one
-    batch_edges: int = 64            # positive engagements per step
-    max_steps_per_chunk: int = 8
+    batch_edges: int = 256           # engagements per step
+    max_steps_per_chunk: int | None = None   # None: every event of a chunk is used each pass
+    objective: str = "softmax"       # "softmax": in-batch sampled softmax (two-tower retrieval)
+                                     # with logQ correction; "bce": DistMult + typed negatives
+    softmax_temperature: float = 0.05
+    teacher_anchors: int | None = 64    # anchors per step that get a broad (teacher) view
     lr: float = 2e-3
     weight_decay: float = 0.01
     warmup_steps: int = 5
@@ -65,7 +69,7 @@ class TrainConfig:
     w_distill: float = 1.0
     w_engage: float = 1.0
     w_hierarchy: float = 0.1
-    negatives: int = 2               # per positive, same node type as the true dst
+    negatives: int = 2               # "bce" only: per positive, same node type as the true dst
     passes: int = 1                  # shuffled passes over each chunk's events
     cold_share: float = 0.2          # student views reduced to the anchor alone (cold-start drill)
     refit_prototypes: bool = True    # fit the primitive tree to the final embeddings (k-means)
@@ -79,8 +83,11 @@ class TrainConfig:
     snapshot_chunks: int = 1         # resume snapshot every this many chunks (0: never)
 
     def __post_init__(self) -> None:
-        if self.batch_edges < 1 or self.max_steps_per_chunk < 1 or self.chunk_hours <= 0 or self.passes < 1:
+        if self.batch_edges < 1 or (self.max_steps_per_chunk is not None and self.max_steps_per_chunk < 1) \
+                or self.chunk_hours <= 0 or self.passes < 1:
             raise ValueError("batch_edges, max_steps_per_chunk, passes and chunk_hours must be positive")
+        if self.objective not in ("softmax", "bce"):
+            raise ValueError(f"objective must be 'softmax' or 'bce', got {self.objective!r}")
         if not 0.0 <= self.cold_share < 1.0:
             raise ValueError(f"cold_share must be in [0, 1), got {self.cold_share}")
 
@@ -130,7 +137,10 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
         raise ValueError("no training events")
     actions = sorted(schema.all_actions)
     a_index = {a: i for i, a in enumerate(actions)}
-    funnel = torch.tensor([schema.all_actions[a].funnel_weight for a in actions])
+    # each action's weight as a training target; under the softmax objective negative
+    # feedback (not_interested, cancel) is no positive to retrieve, so it weighs nothing
+    funnel = torch.tensor([0.0 if cfg.objective == "softmax" and schema.all_actions[a].sign < 0
+                           else schema.all_actions[a].funnel_weight for a in actions])
     student = HierarchicalEncoder(enc_cfg).to(dev).train()
     head = EngagementHead(len(actions), enc_cfg.d_emb).to(dev)
     if init is not None:
@@ -161,9 +171,11 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     wall = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hirflow-train-") as tmp:
         pipe = BatchPipeline(events, plan, Path(tmp) / "state", schema, cfg.teacher_view,
-                             cfg.student_view, enc_cfg.pack, a_index, cfg.negatives, cfg.seed,
+                             cfg.student_view, enc_cfg.pack, a_index,
+                             cfg.negatives if cfg.objective == "bce" else 0, cfg.seed,
                              texts=texts, workers=cfg.sample_workers, prefetch=cfg.prefetch,
-                             start_chunk=start_chunk, cold_share=cfg.cold_share)
+                             start_chunk=start_chunk, cold_share=cfg.cold_share,
+                             teacher_anchors=cfg.teacher_anchors)
         bar = tqdm(total=steps, initial=step, unit="step", disable=not progress, desc="train")
         items = iter(pipe)
         try:
@@ -299,11 +311,19 @@ def _step(b: Prepared, student, teacher, head, opt, funnel, cfg: TrainConfig, de
         # the training path for the teacher too: one backend per device, no CPU recompiles
         t_emb, _ = teacher(t_batch, teacher.backend(training=True))
         t_scores = [t_emb @ p.T for p in teacher.level_prototypes()]       # cosines
-    distill = L.distillation_loss(s_logits, t_scores, cfg.sinkhorn_epsilon, cfg.sinkhorn_iters)
+    t_idx = b.teacher_idx.to(dev)
+    distill = L.distillation_loss([x[t_idx] for x in s_logits], t_scores, cfg.sinkhorn_epsilon,
+                                  cfg.sinkhorn_iters)
     hier = L.hierarchy_consistency_loss(s_logits, [student.parents(i) for i in range(len(s_logits))])
     src, dst, act = b.src.to(dev), b.dst.to(dev), b.action.to(dev)
-    logits = L.engagement_logits(s_emb[src], s_emb[dst], head.relation(act))
-    engage = L.engagement_loss(logits, b.label.to(dev), funnel.to(dev)[act])
+    if cfg.objective == "softmax":
+        keep = funnel.to(dev)[act] > 0
+        engage = L.in_batch_softmax_loss(s_emb, src[keep], dst[keep], funnel.to(dev)[act[keep]],
+                                         b.log_q.to(dev), s_batch.type_ids[s_batch.anchor_pos],
+                                         cfg.softmax_temperature)
+    else:
+        logits = L.engagement_logits(s_emb[src], s_emb[dst], head.relation(act))
+        engage = L.engagement_loss(logits, b.label.to(dev), funnel.to(dev)[act])
     loss = cfg.w_distill * distill + cfg.w_engage * engage + cfg.w_hierarchy * hier
     if not torch.isfinite(loss):
         raise NonFiniteLoss(f"loss became {loss.item()} (distill {distill.item()}, engage "

@@ -6,22 +6,9 @@ from state.events import Engagement
 from streams.synth import SynthConfig, SynthWorld
 from tests.trainer.test_train import small
 from trainer.data import chronological_windows
-from trainer.evaluate import _rank_metrics, baselines, evaluate
+from trainer import baselines as B
+from trainer.evaluate import evaluate
 from trainer.train import train
-
-
-def test_rank_metrics_by_hand():
-    scores = np.array([[0.9, 0.1, 0.5], [0.1, 0.9, 0.5]])
-    r, n = _rank_metrics(scores, [{0}, {2}], k=1)
-    assert r == 0.5 and n == 0.5                       # user 0 hits at rank 1, user 1 misses
-
-
-def test_baselines_score_what_they_should():
-    tr = [Engagement("user:1", "ad:1", "click", 1), Engagement("user:2", "ad:1", "click", 1),
-          Engagement("user:2", "ad:2", "click", 1), Engagement("user:3", "ad:2", "click", 1)]
-    b = baselines(tr, ["user:1", "user:2", "user:3"], ["ad:1", "ad:2", "ad:3"])
-    assert b["popularity"][0].argmin() == 2            # ad:3 was never engaged
-    assert b["cooccurrence_knn"][0, 1] > b["cooccurrence_knn"][0, 2]   # ad:2 co-occurs with ad:1
 
 
 def interest_vectors(labels, dim=384, seed=0):
@@ -45,13 +32,20 @@ def test_evaluation_end_to_end_writes_metrics_and_plots(tmp_path):
     schema, enc, cfg = small(tmp_path)
     path = train([e for e in evs if e.ts < w.train_end], schema, enc, cfg, tmp_path / "ck",
                  texts=texts, progress=False)
-    m = evaluate(path, evs, w, schema, tmp_path / "eval", labels=labels, texts=texts, later_texts=texts)
+    m = evaluate(path, evs, w, schema, tmp_path / "eval", labels=labels, texts=texts, later_texts=texts,
+                 baselines=B.QUICK)
     assert (tmp_path / "eval" / "recall.png").stat().st_size > 1000
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["checkpoint"] == m["checkpoint"]
     res = m["next_engagement"]
-    assert res["users"] > 0
-    for method in ("hirflow", "popularity", "cooccurrence_knn", "matrix_factorisation"):
-        assert 0.0 <= res[f"{method}_recall@50"] <= 1.0
+    assert res["users"] > 0 and res["new_positives"] > 0
+    assert set(res["methods"]) == {"hirflow"} | {b.name for b in B.QUICK}
+    for method, r in res["methods"].items():
+        assert 0.0 <= r["recall@10"]["mean"] <= r["recall@50"]["mean"] <= 1.0
+        assert r["recall@20"]["ci_low"] <= r["recall@20"]["mean"] <= r["recall@20"]["ci_high"]
+    assert res["best_baseline"] in res["tuning"]
+    assert all(t["chosen"] in [g["params"] for g in t["grid"]] for t in res["tuning"].values())
+    assert res["hirflow_vs_best_recall@20"]["ratio"] >= 0
+    assert set(m["usage_entropy"]) == {"level0", "level1"}
     assert set(m["hierarchy"]) == {"level0_vs_mid", "level1_vs_fine"}
     assert 0.0 <= m["bom_recall@100"] <= 1.0
     cold = m["cold_start"]                      # ads launched in the test window, with text

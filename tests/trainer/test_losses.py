@@ -77,3 +77,30 @@ def test_schedules_have_their_length_and_ends():
     assert len(lr) == 50 and lr[0] == 0.0 and lr[5] == pytest.approx(1e-3) and lr[-1] == pytest.approx(1e-5)
     with pytest.raises(ValueError):
         cosine(1, 0, 0)
+
+
+def test_in_batch_softmax_uses_the_batch_as_negatives_and_spares_other_positives():
+    import torch.nn.functional as F
+    from trainer.losses import in_batch_softmax_loss
+    emb = F.normalize(torch.randn(6, 8), dim=-1)
+    types = torch.tensor([0, 0, 1, 1, 1, 2])            # users 0, 1; items 2, 3, 4; other 5
+    src, dst = torch.tensor([0, 0, 1]), torch.tensor([2, 3, 4])
+    w, logq = torch.ones(3), torch.zeros(6)
+    got = in_batch_softmax_loss(emb, src, dst, w, logq, types, temperature=1.0)
+    s = emb @ emb.T
+    # user 0's positive 2 competes with 4 only (3 is its own other positive), and vice versa
+    want = [-(s[0, 2] - torch.logsumexp(s[0, [2, 4]], 0)), -(s[0, 3] - torch.logsumexp(s[0, [3, 4]], 0)),
+            -(s[1, 4] - torch.logsumexp(s[1, [2, 3, 4]], 0))]
+    assert torch.allclose(got, torch.stack(want).mean(), atol=1e-6)
+    # logQ: a candidate that turns up in batches more often is discounted by its log share
+    logq2 = torch.tensor([0.0, 0.0, 0.0, 0.0, 2.0, 0.0])
+    got2 = in_batch_softmax_loss(emb, src, dst, w, logq2, types, temperature=1.0)
+    s4 = s[:, 4] - 2.0
+    want2 = [-(s[0, 2] - torch.logsumexp(torch.stack([s[0, 2], s4[0]]), 0)),
+             -(s[0, 3] - torch.logsumexp(torch.stack([s[0, 3], s4[0]]), 0)),
+             -(s4[1] - torch.logsumexp(torch.stack([s[1, 2], s[1, 3], s4[1]]), 0))]
+    assert torch.allclose(got2, torch.stack(want2).mean(), atol=1e-6)
+    # a destination of another type is never a negative
+    got3 = in_batch_softmax_loss(emb, torch.tensor([0, 1]), torch.tensor([2, 5]), torch.ones(2), logq,
+                                 types, temperature=1.0)
+    assert float(got3) == 0.0                           # each positive alone among its type

@@ -1,0 +1,107 @@
+"""The ranking protocol and the baselines: what is ranked, what counts, what the figures mean."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from state.events import Engagement
+from trainer import baselines as B
+from trainer.ranking import bootstrap_ci, paired_ratio_ci, per_user_metrics, ranking_task
+
+POS = {"click", "conversion"}
+
+
+def ev(u, i, t, action="click"):
+    return Engagement(f"user:{u}", f"ad:{i}", action, t)
+
+
+def test_the_task_ranks_new_items_known_before_the_window_and_counts_repeats():
+    evs = [ev(1, 1, 1), ev(1, 2, 2), ev(2, 2, 3), ev(3, 9, 4, "not_interested"),
+           ev(1, 1, 10),            # a repeat: counted apart, never ranked
+           ev(1, 3, 11),            # ad:3 unknown before the window: not rankable
+           ev(2, 1, 12, "conversion"), ev(2, 9, 13, "not_interested")]  # negatives never count
+    task = ranking_task(evs, 10, 20, POS, {"ad"})
+    assert task.items == ["ad:1", "ad:2", "ad:9"]        # known before, whatever the action
+    assert [task.users[u] for u in task.eval_users] == ["user:2"]
+    assert [list(t) for t in task.truth] == [[0]] and task.repeats == 1 and task.new == 1
+    assert task.history.toarray().tolist() == [[1, 1, 0], [0, 1, 0]]
+    assert task.last_ts[0, 1] == 2 - 10
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(2, 30), st.integers(2, 40), st.integers(0, 10_000))
+def test_an_oracle_finds_every_new_item_and_masking_hides_the_history(n_users, n_items, seed):
+    rng = np.random.default_rng(seed)
+    evs = [ev(u, i, 1) for u in range(n_users) for i in range(n_items) if rng.random() < 0.3]
+    evs += [ev(u, i, 5) for u in range(n_users) for i in range(n_items) if rng.random() < 0.2]
+    evs += [ev(n_users + 1, i, 1) for i in range(n_items)]     # every item known before
+    task = ranking_task(evs, 5, 6, POS, {"ad"})
+    if task.n_eval == 0:
+        return
+    oracle = np.zeros((task.n_eval, len(task.items)))
+    for j, t in enumerate(task.truth):
+        oracle[j, t] = 1.0
+    hist = task.history[task.eval_users].toarray()
+    cheat = oracle + 10 * hist            # the user's history ranked first: must be masked
+    for scores in (oracle, cheat):
+        m = per_user_metrics(scores, task, [5, 50])
+        expect = [min(5, len(t)) / len(t) for t in task.truth]
+        assert np.allclose(m["recall@5"], expect) and np.allclose(m["ndcg@5"], 1.0)
+        assert np.allclose(m["recall@50"], 1.0)
+    worst = per_user_metrics(-oracle, task, [5])
+    assert (worst["recall@5"] <= m["recall@5"]).all()
+
+
+def test_bootstrap_intervals_hold_the_mean_and_shrink_with_users():
+    rng = np.random.default_rng(0)
+    small, big = rng.random(50), rng.random(5000)
+    lo, hi = bootstrap_ci(small)
+    lo2, hi2 = bootstrap_ci(big)
+    assert lo < small.mean() < hi and lo2 < big.mean() < hi2 and hi2 - lo2 < hi - lo
+    r, rlo, rhi = paired_ratio_ci(big * 2, big)
+    assert r == pytest.approx(2.0) and rlo == pytest.approx(2.0) and rhi == pytest.approx(2.0)
+
+
+def planted_task():
+    """Two groups of users, each buying from its own half of the items: every baseline
+    that uses co-engagement must rank the user's own half first."""
+    rng = np.random.default_rng(1)
+    evs = []
+    for u in range(40):
+        half = range(0, 10) if u % 2 else range(10, 20)
+        for i in rng.choice(list(half), 4, replace=False):
+            evs.append(ev(u, int(i), 1))
+        evs.append(ev(u, int(rng.choice(list(half))), 5))
+    evs += [ev(99, i, 1) for i in range(20)]
+    return ranking_task(evs, 5, 6, POS, {"ad"})
+
+
+@pytest.mark.parametrize("b", [b for b in B.QUICK if not b.name.startswith("popularity")],
+                         ids=lambda b: b.name)
+def test_collaborative_baselines_find_the_planted_groups(b):
+    task = planted_task()
+    scores = b.score(task, b.grid[0])
+    odd = {f"user:{x}" for x in range(1, 40, 2)}
+    own = np.array([[(int(item[3:]) < 10) == (task.users[u] in odd) for item in task.items]
+                    for u in task.eval_users])
+    masked = task.history[task.eval_users].toarray() > 0
+    top_own = [own[j][np.argmax(np.where(masked[j], -np.inf, scores[j]))] for j in range(task.n_eval)]
+    assert np.mean(top_own) > 0.9
+    # chance: 5 of the ~16 unbought items; the user's own half holds ~6 of them
+    assert per_user_metrics(scores, task, [5])["recall@5"].mean() > 0.6
+
+
+def test_tuning_picks_by_validation_and_reports_every_grid_point():
+    task = planted_task()
+    params, score, tried = B.tune(B.Baseline("ease", B.ease, ({"lam": 1.0}, {"lam": 1e9})), task)
+    assert len(tried) == 2 and score == max(t["recall@20"] for t in tried)
+    assert params in [t["params"] for t in tried]
+
+
+def test_recent_popularity_counts_only_the_last_days():
+    day = 86_400_000
+    evs = [ev(1, 1, 0), ev(2, 1, 0), ev(3, 2, 9 * day), ev(1, 2, 10 * day)]
+    task = ranking_task(evs, 10 * day, 11 * day, POS, {"ad"})
+    assert task.n_eval == 1
+    recent = B.popularity_recent(task, {"days": 3.0})[0]
+    assert recent.tolist() == [0.0, 1.0]
+    assert B.popularity(task, {})[0].tolist() == [2.0, 1.0]

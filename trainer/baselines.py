@@ -1,0 +1,129 @@
+"""The baselines a recommender engineer already has, each with a small hyper-parameter grid
+that is searched on the validation window only (never on test).
+
+Every baseline fits on a binary users x items history (`RankingTask.history`) and scores the
+task's evaluated users against all candidate items:
+- ``popularity``: how many users engaged each item before the window;
+- ``popularity_recent``: users who engaged each item in the last `days` before the window
+  (what is trending; the grid picks the span);
+- ``item_knn``: cosine item-item similarity, each item keeping its `k` nearest neighbours;
+- ``ease``: EASE^R (Steck 2019), closed form, its one regulariser `lam` searched;
+- ``als``: implicit-feedback matrix factorisation (Hu, Koren and Volinsky 2008) by the
+  `implicit` library;
+- ``lightgcn_propagation``: LightGCN's propagation without training, as the linear filter it
+  reduces to (Shen et al. 2021, GF-CF): scores = r_u R~^T R~ with R~ = D_u^-1/2 R D_i^-1/2,
+  repeated for `layers` and mixed with an ideal low-pass part when `alpha` > 0.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from trainer.ranking import RankingTask, per_user_metrics
+
+log = logging.getLogger(__name__)
+Scorer = Callable[[RankingTask, Mapping], np.ndarray]    # (task, params) -> (n_eval, I) scores
+
+
+def popularity(task: RankingTask, params: Mapping) -> np.ndarray:
+    pop = np.asarray(task.history.sum(0)).ravel()
+    return np.broadcast_to(pop, (task.n_eval, len(pop)))
+
+
+def item_knn(task: RankingTask, params: Mapping) -> np.ndarray:
+    r = task.history
+    norms = np.sqrt(np.asarray(r.multiply(r).sum(0)).ravel()) + 1e-9
+    sim = (r.T @ r).toarray() / norms[:, None] / norms[None, :]
+    np.fill_diagonal(sim, 0.0)
+    k = params["k"]
+    if k < sim.shape[0]:                        # keep each item's k nearest neighbours
+        cut = np.partition(sim, -k, axis=0)[-k]
+        sim = np.where(sim >= cut[None, :], sim, 0.0)
+    return np.asarray(r[task.eval_users] @ sim)
+
+
+def ease(task: RankingTask, params: Mapping) -> np.ndarray:
+    r = task.history
+    g = (r.T @ r).toarray().astype(np.float64)
+    g[np.diag_indices_from(g)] += params["lam"]
+    p = np.linalg.inv(g)
+    b = -p / np.diag(p)[None, :]
+    np.fill_diagonal(b, 0.0)
+    return np.asarray(r[task.eval_users] @ b)
+
+
+def als(task: RankingTask, params: Mapping) -> np.ndarray:
+    from implicit.cpu.als import AlternatingLeastSquares
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(1, "blas"):           # implicit's own threads do the work
+        model = AlternatingLeastSquares(factors=params["factors"], regularization=params["reg"],
+                                        alpha=params["alpha"], iterations=15, random_state=0)
+        model.fit(sp.csr_matrix(task.history), show_progress=False)
+    return model.user_factors[task.eval_users] @ model.item_factors.T
+
+
+def lightgcn_propagation(task: RankingTask, params: Mapping) -> np.ndarray:
+    r = task.history
+    du = np.asarray(r.sum(1)).ravel() + 1e-9
+    di = np.asarray(r.sum(0)).ravel() + 1e-9
+    rn = sp.diags(du ** -0.5) @ r @ sp.diags(di ** -0.5)
+    p = (rn.T @ rn).toarray()                   # (I, I) normalised item-item propagation
+    s = np.asarray(r[task.eval_users] @ p)
+    for _ in range(params["layers"] - 1):
+        s = s @ p
+    if params["alpha"] > 0:                     # ideal low-pass part: top singular vectors
+        _, _, vt = sp.linalg.svds(rn.astype(np.float64), k=min(params["rank"], min(r.shape) - 1))
+        ideal = (r[task.eval_users] @ sp.diags(di ** -0.5)).toarray() @ vt.T @ vt * (di ** 0.5)[None, :]
+        s = s + params["alpha"] * ideal
+    return s
+
+
+def popularity_recent(task: RankingTask, params: Mapping) -> np.ndarray:
+    """Users who engaged each item in the last `days` before the window."""
+    last = task.last_ts
+    recent = sp.csr_matrix((last.data >= -params["days"] * 86_400_000.0, last.indices, last.indptr),
+                           shape=last.shape)
+    pop = np.asarray(recent.sum(0)).ravel().astype(np.float64)
+    return np.broadcast_to(pop, (task.n_eval, len(pop)))
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    score: Scorer
+    grid: Sequence[Mapping]
+
+
+STANDARD = (
+    Baseline("popularity", popularity, ({},)),
+    Baseline("popularity_recent", popularity_recent, tuple({"days": d} for d in (7.0, 14.0, 30.0))),
+    Baseline("item_knn", item_knn, tuple({"k": k} for k in (50, 200, 1000))),
+    Baseline("ease", ease, tuple({"lam": v} for v in (30.0, 100.0, 300.0, 1000.0, 3000.0))),
+    Baseline("als", als, tuple({"factors": f, "reg": g, "alpha": a}
+                               for f in (64, 128) for g in (0.01, 0.1) for a in (1.0, 10.0))),
+    Baseline("lightgcn_propagation", lightgcn_propagation,
+             tuple({"layers": n, "alpha": a, "rank": 128} for n in (1, 2) for a in (0.0, 0.3))),
+)
+QUICK = (                       # one or two grid points each: for tests and --quick runs
+    Baseline("popularity", popularity, ({},)),
+    Baseline("popularity_recent", popularity_recent, ({"days": 7.0}, {"days": 30.0})),
+    Baseline("item_knn", item_knn, ({"k": 200},)),
+    Baseline("ease", ease, ({"lam": 100.0}, {"lam": 1000.0})),
+    Baseline("als", als, ({"factors": 64, "reg": 0.1, "alpha": 10.0},)),
+    Baseline("lightgcn_propagation", lightgcn_propagation, ({"layers": 1, "alpha": 0.0, "rank": 64},)),
+)
+
+
+def tune(b: Baseline, val: RankingTask, metric: str = "recall@20") -> tuple[Mapping, float, list]:
+    """The grid point with the best mean `metric` on the validation task, and every point's."""
+    tried = []
+    for params in b.grid:
+        v = float(per_user_metrics(b.score(val, params), val, [int(metric.split("@")[1])])[metric].mean())
+        tried.append({"params": dict(params), metric: round(v, 4)})
+        log.info("baseline %s %s: validation %s %.4f", b.name, dict(params), metric, v)
+    best = max(tried, key=lambda t: t[metric])
+    return best["params"], best[metric], tried
