@@ -1,0 +1,124 @@
+"""The value of freshness: next-engagement Recall@20 when the embeddings serving a query are
+0, 1 hour, 1 day or 7 days stale, or never refreshed since the checkpoint's training cutoff
+(one checkpoint throughout; see `trainer.freshness_value` for the exact protocol).
+
+Per data set (UCI Online Retail when its file is given, and the synthetic world): train on the
+first 80 % of events in time (or load --checkpoint DIR for one data set), replay the test
+window (the last 10 %) hour by hour, print a table and write `freshness_value.png`.
+
+    python bench/freshness_value.py [--quick] [--online-retail FILE] [--out DIR]
+
+--quick: the synthetic world only, small, a few training steps: checks the pipeline.
+The last line printed is one JSON object of the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from bench.quality import online_retail, synthetic  # noqa: E402
+from encoder.model import EncoderConfig  # noqa: E402
+from trainer.data import chronological_windows, world_knowledge  # noqa: E402
+from trainer.evaluate import deep_funnel_actions, item_types, load_model, positive_actions  # noqa: E402
+from trainer.freshness_value import freshness_value  # noqa: E402
+from trainer.train import TrainConfig, train  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+
+def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
+    w = chronological_windows([e.ts for e in evs], train=0.8, val=0.1)
+    texts = world_knowledge(ents, w.end, encode) if encode is not None and ents else None
+    if a.checkpoint:
+        ck = a.checkpoint
+    else:
+        enc = EncoderConfig.for_schema(schema, levels=(4, 16, 64) if a.quick else (16, 128, 1024))
+        cfg = TrainConfig(seed=0, snapshot_chunks=0, max_steps_per_chunk=2 if a.quick else None)
+        ck = train([e for e in evs if e.ts < w.train_end], schema, enc, cfg, out / f"{name}-ck",
+                   texts=texts, progress=not a.quick)
+    model, _ = load_model(ck)
+    acts = deep_funnel_actions(schema) if name == "online_retail" else positive_actions(schema)
+    t = time.perf_counter()
+    res = freshness_value(model, evs, schema, w.train_end, w.val_end, w.end + 1, acts, item_types(schema),
+                          texts=texts,
+                          progress=lambda i, n: print(f"  {name}: day {i}/{n}", end="\r", flush=True))
+    res["seconds"] = round(time.perf_counter() - t, 1)
+    print(f"{name}: {res['queries']} hourly queries over {res['items']} items ({res['seconds']} s)")
+    print(f"  {'staleness':10s} Recall@20   95% CI")
+    for s, r in res["recall"].items():
+        print(f"  {s:10s} {r['mean']:.4f}     [{r['ci_low']:.4f}, {r['ci_high']:.4f}]")
+    return res
+
+
+def plot(figures: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, res in figures.items():
+        labels = list(res["recall"])
+        mean = [res["recall"][s]["mean"] for s in labels]
+        lo = [res["recall"][s]["mean"] - res["recall"][s]["ci_low"] for s in labels]
+        hi = [res["recall"][s]["ci_high"] - res["recall"][s]["mean"] for s in labels]
+        ax.errorbar(labels, mean, yerr=[lo, hi], marker="o", capsize=3, label=name)
+    ax.set_xlabel("staleness of the embeddings serving a query")
+    ax.set_ylabel("Recall@20 (new items, 95% CI)")
+    ax.set_title("What freshness is worth")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small synthetic world only (about a minute)")
+    ap.add_argument("--online-retail", type=Path, default=os.environ.get("HIRFLOW_ONLINE_RETAIL"))
+    ap.add_argument("--only", choices=["online_retail", "synthetic"])
+    ap.add_argument("--checkpoint", type=Path, help="use this checkpoint (with --only) instead of training")
+    ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
+                    help="MiniLM texts as world knowledge (default: on, off with --quick)")
+    ap.add_argument("--out", type=Path, default=Path("var/freshness_value"))
+    a = ap.parse_args()
+    if a.checkpoint and not a.only:
+        ap.error("--checkpoint needs --only (a checkpoint belongs to one data set)")
+    encode = None
+    if a.knowledge if a.knowledge is not None else not a.quick:
+        from encoder.knowledge import TextEncoder
+        encode = TextEncoder().encode
+    a.out.mkdir(parents=True, exist_ok=True)
+    figures: dict = {}
+    with tempfile.TemporaryDirectory(prefix="hirflow-fv-") as tmp:
+        if a.only in (None, "online_retail") and not a.quick:
+            if a.online_retail and Path(a.online_retail).exists():
+                figures["online_retail"] = run("online_retail", *online_retail(Path(a.online_retail), False),
+                                               a, encode, Path(tmp))
+            else:
+                print("online_retail: skipped (no --online-retail file)")
+        if a.only in (None, "synthetic"):
+            figures["synthetic"] = run("synthetic", *synthetic(a.quick), a, encode, Path(tmp))
+    plot(figures, a.out / "freshness_value.png")
+    print(f"plot: {a.out / 'freshness_value.png'}")
+    out = {}
+    for name, res in figures.items():
+        fresh = res["recall"]["0"]["mean"]
+        for s, r in res["recall"].items():
+            out[f"{name}_recall@20_stale_{s}"] = {
+                "value": r["mean"], "unit": "recall", "ci95": [r["ci_low"], r["ci_high"]],
+                "ratio_to_fresh": round(r["mean"] / fresh, 3) if fresh else None}
+        out[f"{name}_queries"] = {"value": res["queries"], "unit": "queries"}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Model quality benchmark: hirflow's served embeddings against the baselines, on real data
+(UCI Online Retail) and on the synthetic world, with the evaluation protocol of
+`trainer.evaluate` (global time split, new items only, baselines tuned on validation,
+bootstrap intervals over users).
+
+Per data set: train on the training window (first 80 % of events in time; fixed seed), then
+rank each user's unseen items at the start of the test window (last 10 %) by the served
+embedding's inner product, against popularity (all time and recent), item-kNN, EASE^R, ALS
+and LightGCN-style propagation, each tuned on the validation window (the 10 % between).
+Reports Recall@20 / NDCG@20 with 95 % intervals, the paired ratio to the best baseline,
+training time and peak memory.
+
+    python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--device cpu|cuda]
+
+The Online Retail file (`online_retail.csv.gz`, see `streams/adapters/online_retail.py`) is
+read from --online-retail or $HIRFLOW_ONLINE_RETAIL; without it that data set is skipped.
+--quick: the last two weeks of Online Retail and a small synthetic world, two steps per
+day, one or two grid points per baseline: checks the pipeline, its figures mean little.
+The last line printed is one JSON object of the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from encoder.model import EncoderConfig  # noqa: E402
+from state.events import Engagement, Entity, Validator  # noqa: E402
+from state.schema import SchemaConfig  # noqa: E402
+from streams import config as config_mod  # noqa: E402
+from streams.replay import read_events  # noqa: E402
+from streams.synth import SynthConfig, SynthWorld  # noqa: E402
+from trainer import baselines as B  # noqa: E402
+from trainer.data import chronological_windows, world_knowledge  # noqa: E402
+from trainer.evaluate import evaluate  # noqa: E402
+from trainer.train import TrainConfig, train  # noqa: E402
+
+warnings.filterwarnings("ignore")
+ROOT = Path(__file__).resolve().parent.parent
+DAY = 86_400_000
+
+
+def online_retail(path: Path, quick: bool):
+    schema = config_mod.load(ROOT / "configs" / "online_retail.toml", env={}).schema
+    evs, ents = [], []
+    for e in read_events(path, "online-retail", Validator(schema, now_ms=lambda: 2 ** 62)):
+        (evs if isinstance(e, Engagement) else ents).append(e)
+    if quick:
+        lo = max(e.ts for e in evs) - 14 * DAY
+        evs = [e for e in evs if e.ts >= lo]
+    return schema, evs, ents, None
+
+
+def synthetic(quick: bool):
+    world = SynthWorld(SynthConfig(events=4000 if quick else 60_000, users=100 if quick else 1500,
+                                   seed=7, span_days=6 if quick else 28, late_launch=0.5))
+    evs, ents = [], []
+    for e in world.stream():
+        (evs if isinstance(e, Engagement) else ents).append(e)
+    labels = {r["node"]: r for r in world.labels() if "fine" in r}
+    return SchemaConfig(), evs, ents, labels
+
+
+def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
+    w = chronological_windows([e.ts for e in evs], train=0.8, val=0.1)
+    train_evs = [e for e in evs if e.ts < w.train_end]
+    texts = later = None
+    if encode is not None and ents:
+        texts = world_knowledge(ents, w.val_end - 1, encode)
+        later = world_knowledge(ents, w.end, encode)
+    levels = (4, 16, 64) if a.quick else (16, 128, 1024)
+    enc = EncoderConfig.for_schema(schema, levels=levels)
+    cfg = TrainConfig(seed=0, passes=a.passes, snapshot_chunks=0,
+                      max_steps_per_chunk=2 if a.quick else None)
+    stats: dict = {}
+    t = time.perf_counter()
+    ck = train(train_evs, schema, enc, cfg, out / f"{name}-ck", texts=texts, device=a.device,
+               progress=not a.quick, stats=stats)
+    train_s = time.perf_counter() - t
+    t = time.perf_counter()
+    m = evaluate(ck, evs, w, schema, out / f"{name}-eval", labels=labels, texts=texts, later_texts=later,
+                 baselines=B.QUICK if a.quick else B.STANDARD)
+    eval_s = time.perf_counter() - t
+    res = m["deep_funnel"] if name == "online_retail" else m["next_engagement"]
+    print(f"{name}: {len(train_evs):,} training events, {stats['steps']} steps in {train_s:.0f} s; "
+          f"{res['users']} test users, {res['new_positives']} new / {res['repeat_positives']} repeat positives")
+    for meth, r in sorted(res["methods"].items(), key=lambda kv: -kv[1]["recall@20"]["mean"]):
+        rc, nd = r["recall@20"], r["ndcg@20"]
+        print(f"  {meth:22s} Recall@20 {rc['mean']:.4f} [{rc['ci_low']:.4f}, {rc['ci_high']:.4f}]  "
+              f"NDCG@20 {nd['mean']:.4f}")
+    vs = res["hirflow_vs_best_recall@20"]
+    print(f"  hirflow / {res['best_baseline']}: {vs['ratio']:.3f} [{vs['ci_low']:.3f}, {vs['ci_high']:.3f}]; "
+          f"usage entropy {m['usage_entropy']}; cold start hirflow "
+          f"{m['cold_start'].get('hirflow_recall@20')} vs popularity {m['cold_start'].get('popularity_recall@20')}",
+          flush=True)
+    out_ = {f"{meth}_recall@20": {"value": r["recall@20"]["mean"], "unit": "recall",
+                                  "ci95": [r["recall@20"]["ci_low"], r["recall@20"]["ci_high"]]}
+            for meth, r in res["methods"].items()}
+    out_.update({f"{meth}_ndcg@20": {"value": r["ndcg@20"]["mean"], "unit": "ndcg",
+                                     "ci95": [r["ndcg@20"]["ci_low"], r["ndcg@20"]["ci_high"]]}
+                 for meth, r in res["methods"].items()})
+    out_["hirflow_recall@20"]["ratio_to_best_baseline"] = vs["ratio"]
+    out_["hirflow_recall@20"]["ratio_ci95"] = [vs["ci_low"], vs["ci_high"]]
+    out_["best_baseline"] = res["best_baseline"]
+    out_["test_users"] = {"value": res["users"], "unit": "users"}
+    out_["usage_entropy_min"] = {"value": min(m["usage_entropy"].values()), "unit": "fraction of log K",
+                                 "ratio_to_goal_0.9": round(min(m["usage_entropy"].values()) / 0.9, 3)}
+    cold = m["cold_start"]
+    if cold.get("popularity_recall@20"):
+        out_["cold_start_recall@20"] = {"value": cold["hirflow_recall@20"], "unit": "recall",
+                                        "ratio_to_popularity": round(cold["hirflow_recall@20"]
+                                                                     / cold["popularity_recall@20"], 3)}
+    if "hierarchy" in m:
+        out_["nmi"] = {k: v["nmi"] for k, v in m["hierarchy"].items()}
+    out_["train_time"] = {"value": round(train_s, 1), "unit": "s", "steps": stats["steps"]}
+    out_["eval_time"] = {"value": round(eval_s, 1), "unit": "s"}
+    out_["peak_rss"] = {"value": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "unit": "MB"}
+    return out_
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small slices, a few steps (about a minute)")
+    ap.add_argument("--online-retail", type=Path, default=os.environ.get("HIRFLOW_ONLINE_RETAIL"),
+                    help="the Online Retail CSV (.gz); default $HIRFLOW_ONLINE_RETAIL")
+    ap.add_argument("--only", choices=["online_retail", "synthetic"])
+    ap.add_argument("--passes", type=int, default=1, help="shuffled passes over each day's events")
+    ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
+                    help="MiniLM texts as world knowledge (default: on, off with --quick)")
+    ap.add_argument("--device", choices=["cpu", "cuda"])
+    ap.add_argument("--out", type=Path, help="keep checkpoints and metrics here")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    encode = None
+    if a.knowledge if a.knowledge is not None else not a.quick:
+        from encoder.knowledge import TextEncoder
+        encode = TextEncoder().encode
+    figures: dict = {"device": a.device, "quick": a.quick}
+    with tempfile.TemporaryDirectory(prefix="hirflow-quality-") as tmp:
+        out = a.out or Path(tmp)
+        if a.only in (None, "online_retail"):
+            if a.online_retail and Path(a.online_retail).exists():
+                figures["online_retail"] = run("online_retail", *online_retail(Path(a.online_retail), a.quick),
+                                               a, encode, out)
+            else:
+                print("online_retail: skipped (no --online-retail file)")
+        if a.only in (None, "synthetic"):
+            figures["synthetic"] = run("synthetic", *synthetic(a.quick), a, encode, out)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
