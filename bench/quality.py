@@ -117,10 +117,11 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
     out_["usage_entropy_min"] = {"value": min(m["usage_entropy"].values()), "unit": "fraction of log K",
                                  "ratio_to_goal_0.9": round(min(m["usage_entropy"].values()) / 0.9, 3)}
     cold = m["cold_start"]
-    if cold.get("popularity_recall@20"):
+    if "hirflow_recall@20" in cold:
+        pop = cold["popularity_recall@20"]
         out_["cold_start_recall@20"] = {"value": cold["hirflow_recall@20"], "unit": "recall",
-                                        "ratio_to_popularity": round(cold["hirflow_recall@20"]
-                                                                     / cold["popularity_recall@20"], 3)}
+                                        "users": cold["users"], "popularity": pop,
+                                        "ratio_to_popularity": round(cold["hirflow_recall@20"] / pop, 3) if pop else None}
     if "hierarchy" in m:
         out_["nmi"] = {k: v["nmi"] for k, v in m["hierarchy"].items()}
     out_["train_time"] = {"value": round(train_s, 1), "unit": "s", "steps": stats["steps"]}

@@ -300,8 +300,11 @@ def _text_encode(enabled: bool):
 @click.option("--levels", help="Prototypes per level, coarse to fine, e.g. 4,16,64 "
                                "(default 16,128,1024).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--steps-per-chunk", type=int, default=8, show_default=True,
-              help="Most steps per pass over a 24 h chunk.")
+@click.option("--steps-per-chunk", type=int,
+              help="Most steps per pass over a 24 h chunk (default: as many as its events fill).")
+@click.option("--objective", type=click.Choice(["softmax", "bce"]), default="softmax", show_default=True,
+              help="softmax: in-batch sampled softmax over each batch's items (retrieval); bce: "
+                   "DistMult engagement prediction against sampled negatives.")
 @click.option("--passes", type=int, default=1, show_default=True,
               help="Shuffled passes over each chunk's events.")
 @click.option("--centre-types/--no-centre-types", default=True, show_default=True,
@@ -316,8 +319,8 @@ def _text_encode(enabled: bool):
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.pass_obj
 def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window, every, rounds,
-          out, init_path, resume, levels, seed, steps_per_chunk, passes, centre_types, sample_workers,
-          knowledge, announce, progress):
+          out, init_path, resume, levels, seed, steps_per_chunk, objective, passes, centre_types,
+          sample_workers, knowledge, announce, progress):
     """Train a checkpoint on the training window of the data (strict time cutoff), once or
     periodically (--every)."""
     from encoder.checkpoint import CheckpointError, load as load_ckpt
@@ -331,7 +334,7 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
         opts = RunOptions(train_share=train_share, window_s=parse_duration(window) if window else None,
                           levels=levels_from(levels), knowledge=knowledge, resume=resume,
                           train=TrainConfig(seed=seed, max_steps_per_chunk=steps_per_chunk,
-                                            passes=passes, centre_types=centre_types,
+                                            objective=objective, passes=passes, centre_types=centre_types,
                                             sample_workers=sample_workers,
                                             log_path=str(out / "train-log.jsonl")))
         period = parse_duration(every) if every else None

@@ -9,7 +9,8 @@ one checkpoint; "never" uses embeddings as of the checkpoint's training cutoff, 
 deployment that only swaps in new checkpoints would. Views honour their cutoff, so state
 applied after H - s is invisible to them.
 
--> per staleness, mean Recall@K over queries with a bootstrap interval.
+-> per staleness, mean Recall@K over queries with a bootstrap interval, and its paired ratio
+to the fresh (s = 0) figure over the same resampled queries.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from state.graph import GraphConfig, GraphStore
 from state.schema import SchemaConfig
 from state.views import STUDENT, ViewSampler
 from state.writer import BOTH_SIDES, GraphWriter
-from trainer.ranking import bootstrap_ci
+from trainer.ranking import bootstrap_ci, paired_ratio_ci
 from trainer.train import embed
 
 HOUR = 3_600_000
@@ -131,9 +132,12 @@ def freshness_value(model: HierarchicalEncoder, events: Sequence[Engagement], sc
                 progress(n_day + 1, len(by_day))
         store.close()
     out = {"queries": len(qs), "items": len(items), "k": k, "recall": {}}
+    fresh = np.array(recalls[next(iter(staleness))])
     for name, v in recalls.items():
         arr = np.array(v)
         lo_ci, hi_ci = bootstrap_ci(arr)
+        r, r_lo, r_hi = paired_ratio_ci(arr, fresh)
         out["recall"][name] = {"mean": round(float(arr.mean()), 4) if len(arr) else float("nan"),
-                               "ci_low": round(lo_ci, 4), "ci_high": round(hi_ci, 4)}
+                               "ci_low": round(lo_ci, 4), "ci_high": round(hi_ci, 4),
+                               "ratio_to_fresh": round(r, 3), "ratio_ci": [round(r_lo, 3), round(r_hi, 3)]}
     return out

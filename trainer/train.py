@@ -84,7 +84,9 @@ class TrainConfig:
     log_path: str | None = None      # JSON lines, one per step
     sample_workers: int = 1          # threads sampling + packing ahead of the model (0: inline)
     prefetch: int = 4                # batches they may run ahead
-    snapshot_chunks: int = 1         # resume snapshot every this many chunks (0: never)
+    snapshot_chunks: int = 1         # resume snapshot at most every this many chunks (0: never) ...
+    snapshot_every_s: float = 120.0  # ... and no sooner than this after the last one: a year of
+                                     # daily chunks would otherwise write ~300 snapshots
 
     def __post_init__(self) -> None:
         if self.batch_edges < 1 or (self.max_steps_per_chunk is not None and self.max_steps_per_chunk < 1) \
@@ -172,7 +174,7 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
             log.info("resuming at chunk %d, step %d of %d", start_chunk, step, steps)
     logf = _open_log(cfg.log_path, step) if cfg.log_path else None
     timing = {"wait_s": 0.0, "model_s": 0.0, "anchors": 0, "steps": 0}
-    wall = time.perf_counter()
+    wall = last_snapshot = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hirflow-train-") as tmp:
         pipe = BatchPipeline(events, plan, Path(tmp) / "state", schema, cfg.teacher_view,
                              cfg.student_view, enc_cfg.pack, a_index,
@@ -190,8 +192,10 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
                     break
                 if isinstance(item, ChunkDone):
                     if cfg.snapshot_chunks and (item.chunk + 1) % cfg.snapshot_chunks == 0 \
-                            and item.chunk + 1 < len(plan):
+                            and item.chunk + 1 < len(plan) \
+                            and time.perf_counter() - last_snapshot >= cfg.snapshot_every_s:
                         resume_mod.save(snap_dir, fp, item.chunk + 1, step, modules, opt, metrics)
+                        last_snapshot = time.perf_counter()
                     continue
                 timing["wait_s"] += time.perf_counter() - t
                 t = time.perf_counter()
@@ -265,7 +269,8 @@ def _manifest_train(cfg: TrainConfig) -> dict:
     """What was trained, without where the log went or how many threads sampled (neither
     changes a single byte of the result)."""
     return _jsonable({k: v for k, v in dataclasses.asdict(cfg).items()
-                      if k not in ("log_path", "sample_workers", "prefetch", "snapshot_chunks")})
+                      if k not in ("log_path", "sample_workers", "prefetch", "snapshot_chunks",
+                                   "snapshot_every_s")})
 
 
 def _texts_digest(texts) -> str | None:
