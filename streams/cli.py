@@ -413,7 +413,20 @@ def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, categ
         lab = categories(evs)
     metrics = run_eval(checkpoint, evs, windows, cfg.schema, out, labels=lab, texts=texts,
                        later_texts=later, baselines=QUICK if quick_baselines else STANDARD)
-    click.echo(json.dumps(metrics, indent=2))
+    for task in ("next_engagement", "deep_funnel"):
+        res = metrics.get(task, {})
+        if not res.get("methods"):
+            continue
+        click.echo(f"{task}: {res['users']} users, {res['new_positives']} new items engaged "
+                   f"({res['repeat_positives']} repeats not ranked), {res['items']} candidates")
+        for name, m in sorted(res["methods"].items(), key=lambda kv: -kv[1]["recall@20"]["mean"]):
+            r = m["recall@20"]
+            click.echo(f"  {name:22s} Recall@20 {r['mean']:.4f} [{r['ci_low']:.4f}, {r['ci_high']:.4f}]"
+                       f"  NDCG@20 {m['ndcg@20']['mean']:.4f}")
+        if "hirflow_vs_best_recall@20" in res:
+            v = res["hirflow_vs_best_recall@20"]
+            click.echo(f"  hirflow / {res['best_baseline']}: {v['ratio']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]")
+    click.echo(f"all figures: {out / 'metrics.json'}, plot: {out / 'recall.png'}")
 
 
 @cli.command()

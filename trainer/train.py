@@ -234,7 +234,8 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
         if fine is not None:
             with torch.no_grad():
                 student.prototypes.copy_(torch.from_numpy(fine).to(student.prototypes.device))
-    quant = BoMQuantizer(enc_cfg.d_emb, cfg.quantizer).train(embs)      # retrieval: plain embeddings
+    qcfg = _fitting_quantizer(cfg.quantizer, len(embs))
+    quant = BoMQuantizer(enc_cfg.d_emb, qcfg).train(embs)      # retrieval: plain embeddings
     metrics = dict(metrics)
     with torch.no_grad():
         used = student.assign(emb_t, types).cpu().numpy()
@@ -245,11 +246,22 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     manifest = {"parent": parent, "config": enc_cfg.to_dict(), "train": _manifest_train(cfg),
                 "init": init.id if init is not None else None,
                 "data_window": [int(events[0].ts), int(events[-1].ts)], "events": len(events),
-                "seed": cfg.seed, "steps": step, "quantizer": dataclasses.asdict(cfg.quantizer),
+                "seed": cfg.seed, "steps": step, "quantizer": dataclasses.asdict(qcfg),
                 "metrics": {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
     path = ckpt.save(out_dir, weights, manifest, quant.codebooks_array())
     shutil.rmtree(snap_dir, ignore_errors=True)          # the run is complete
     return path
+
+
+def _fitting_quantizer(q: QuantizerConfig, n: int) -> QuantizerConfig:
+    """The quantizer config, with codebooks no larger than the embeddings that train them
+    (k-means needs at least as many points as codes): a small data set gets fewer codes per
+    codebook, said in the log and recorded in the manifest."""
+    bits = max(1, min(q.nbits, int(np.log2(max(2, n)))))
+    if bits < q.nbits:
+        log.warning("%d embeddings cannot train %d codes per codebook: fitting %d", n, 2 ** q.nbits, 2 ** bits)
+        return dataclasses.replace(q, nbits=bits)
+    return q
 
 
 def _open_log(path: str, resumed_at: int):
