@@ -1,5 +1,6 @@
-"""Training objectives: cross-view self-distillation with Sinkhorn-Knopp balanced targets,
-hierarchy consistency, and engagement prediction.
+"""Training objectives: the in-batch sampled softmax of retrieval, cross-view
+self-distillation with Sinkhorn-Knopp balanced targets, hierarchy consistency, and
+DistMult engagement prediction.
 
 Shapes: V anchors per batch, K_l prototypes at level l. Logits are cosine similarities over
 temperature (see `encoder.model`). Teacher targets never carry gradients.

@@ -1,11 +1,14 @@
-"""The training loop: time-ordered self-distillation + engagement prediction.
+"""The training loop: time-ordered retrieval training with self-distillation beside it.
 
 Events are replayed chunk by chunk into a fresh graph store built with the serving `state`
 code; the engagements of chunk k are the positives of the steps on chunk k, and every view of
 those steps is sampled as of the chunk's start, from the state of chunks < k only, so no step
-ever sees its own future. Batches are shuffled only inside a chunk. The teacher is an EMA of
-the student (momentum schedule computed up front), its broad views give Sinkhorn-balanced
-targets for the student's narrow views at every level. A non-finite loss stops the run.
+ever sees its own future. Batches are shuffled only inside a chunk. The retrieval objective is
+an in-batch sampled softmax over each batch's destinations with the logQ correction (or, with
+`objective="bce"`, DistMult engagement prediction against sampled negatives). The teacher is
+an EMA of the student (momentum schedule computed up front), its broad views give
+Sinkhorn-balanced targets for the student's narrow views at every level, at a low weight
+since they compete with retrieval. A non-finite loss stops the run.
 After training, the primitive tree is refitted to the final embeddings (top-down k-means,
 `encoder.hierarchy`) and the BoM quantizer fitted on them; everything goes into one
 checkpoint. Same data, config and seed -> the same checkpoint bytes.
