@@ -33,26 +33,36 @@ def test_unknown_config_key_is_a_usage_error():
     assert r.exit_code == 2 and "graph.nope" in r.output
 
 
-def test_taobao_replay_through_the_broker(broker, tmp_path):
+def replay_file(broker, tmp_path, config: str, data: Path, partitions: int) -> tuple[dict, object]:
+    """`hirflow --config CONFIG topics create` and `replay DATA` through the broker, as a user
+    runs them -> (the replay's JSON stats, the config to ingest them with)."""
+    from streams.config import load
     cfg = make_config(tmp_path, broker.bootstrap)
-    base = ["--config", "configs/taobao.toml", "--bootstrap", broker.bootstrap,
-            "--topic-prefix", cfg.kafka.topic_prefix, "--partitions", "4"]
+    base = ["--config", config, "--bootstrap", broker.bootstrap,
+            "--topic-prefix", cfg.kafka.topic_prefix, "--partitions", str(partitions)]
     r = CliRunner().invoke(cli, base + ["topics", "create"])
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(cli, base + ["replay", "--no-progress", str(DATA / "taobao_sample.csv")])
+    r = CliRunner().invoke(cli, base + ["replay", "--no-progress", str(data)])
     assert r.exit_code == 0, r.output
-    stats = json.loads(r.stdout.strip().splitlines()[-1])
+    tcfg = load(file=config, env={}, overrides={
+        "kafka.bootstrap": broker.bootstrap, "kafka.topic_prefix": cfg.kafka.topic_prefix,
+        "kafka.partitions": partitions, "graph.path": str(tmp_path / "st")})
+    return json.loads(r.stdout.strip().splitlines()[-1]), tcfg
+
+
+def ingest_all(tcfg, store, engagements: int) -> None:
+    loop = IngestLoop(tcfg, GraphWriter(store, tcfg.graph), Topics(tcfg.kafka.topic_prefix))
+    run_until(loop, lambda: loop.applied >= engagements)
+    loop.close()
+
+
+def test_taobao_replay_through_the_broker(broker, tmp_path):
+    stats, tcfg = replay_file(broker, tmp_path, "configs/taobao.toml", DATA / "taobao_sample.csv", 4)
     rows = (DATA / "taobao_sample.csv").read_text().splitlines()
     products = {row.split(",")[1] for row in rows}
     assert stats["engagements"] == len(rows) + len(products)     # + one belongs_to per product
-    from streams.config import load
-    tcfg = load(file="configs/taobao.toml", env={}, overrides={
-        "kafka.bootstrap": broker.bootstrap, "kafka.topic_prefix": cfg.kafka.topic_prefix,
-        "kafka.partitions": 4, "graph.path": str(tmp_path / "st")})
     with GraphStore(tcfg.graph.path, tcfg.schema, 4) as store:
-        loop = IngestLoop(tcfg, GraphWriter(store, tcfg.graph), Topics(cfg.kafka.topic_prefix))
-        run_until(loop, lambda: loop.applied >= stats["engagements"])
-        loop.close()
+        ingest_all(tcfg, store, stats["engagements"])
         u = rows[0].split(",")[0]
         assert store.reader.node(f"user:{u}").events == sum(1 for r in rows if r.split(",")[0] == u)
         cat = store.reader.neighbors(f"product:{rows[0].split(',')[1]}", k=50)
@@ -101,23 +111,12 @@ def test_synth_locality_plants_the_coarse_level_in_users_interests():
 
 
 def test_online_retail_replay_through_the_broker_reports_skipped_rows(broker, tmp_path):
-    cfg = make_config(tmp_path, broker.bootstrap)
-    base = ["--config", "configs/online_retail.toml", "--bootstrap", broker.bootstrap,
-            "--topic-prefix", cfg.kafka.topic_prefix, "--partitions", "2"]
-    assert CliRunner().invoke(cli, base + ["topics", "create"]).exit_code == 0
-    r = CliRunner().invoke(cli, base + ["replay", "--no-progress", str(DATA / "online_retail_sample.csv")])
-    assert r.exit_code == 0, r.output
-    stats = json.loads(r.stdout.strip().splitlines()[-1])
+    stats, tcfg = replay_file(broker, tmp_path, "configs/online_retail.toml",
+                              DATA / "online_retail_sample.csv", 2)
     assert stats["skipped_rows"] == {"no_customer": 2, "not_a_product": 4, "zero_quantity_or_price": 1}
     assert stats["entities"] > 0 and stats["engagements"] > 300
-    from streams.config import load
-    tcfg = load(file="configs/online_retail.toml", env={}, overrides={
-        "kafka.bootstrap": broker.bootstrap, "kafka.topic_prefix": cfg.kafka.topic_prefix,
-        "kafka.partitions": 2, "graph.path": str(tmp_path / "st")})
     with GraphStore(tcfg.graph.path, tcfg.schema, 2) as store:
-        loop = IngestLoop(tcfg, GraphWriter(store, tcfg.graph), Topics(cfg.kafka.topic_prefix))
-        run_until(loop, lambda: loop.applied >= stats["engagements"])
-        loop.close()
+        ingest_all(tcfg, store, stats["engagements"])
         edges = store.reader.neighbors("user:17850", k=100)
         assert any(e.neighbor == "country:United_Kingdom" for e in edges)
         assert any(e.neighbor == "product:85123A" and e.action == "purchase" for e in edges)
