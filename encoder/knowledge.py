@@ -44,7 +44,9 @@ class TextEncoder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
         import torch
+        hf_logging.disable_progress_bar()     # a weights-loading bar per load: noise in a worker's log
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = SentenceTransformer(model_path(), device=device, local_files_only=True)
         self.batch_size = batch_size

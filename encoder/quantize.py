@@ -6,10 +6,16 @@ so every worker encodes the same embedding into the same tokens.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import faiss
 import numpy as np
+
+log = logging.getLogger(__name__)
+
+# faiss k-means warns below this many training points per centroid
+SPARSE_POINTS_PER_CODE = 39
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,9 @@ class BoMQuantizer:
         self.d, self.cfg = d, cfg
         self.rq = faiss.ResidualQuantizer(d, cfg.m, cfg.nbits)
         self.rq.max_beam_size = 4
+        # faiss prints one stderr line per codebook when it has fewer than 39 points per code;
+        # the threshold only warns (it changes no result), so `train` says it once in the log
+        self.rq.cp.min_points_per_centroid = 1
 
     @property
     def trained(self) -> bool:
@@ -36,6 +45,10 @@ class BoMQuantizer:
 
     def train(self, x: np.ndarray) -> "BoMQuantizer":
         x = np.ascontiguousarray(x, np.float32)
+        if len(x) < SPARSE_POINTS_PER_CODE << self.cfg.nbits:
+            log.warning("BoM quantizer fitted on %d embeddings: fewer than %d per code of its "
+                        "%d codebooks; tokens are coarse until the data grows", len(x),
+                        SPARSE_POINTS_PER_CODE, self.cfg.m)
         if len(x) > self.cfg.train_size:
             idx = np.random.default_rng(self.cfg.seed).choice(len(x), self.cfg.train_size, replace=False)
             x = x[np.sort(idx)]

@@ -489,7 +489,7 @@ def show_config(obj: Ctx):
 
 
 @cli.command()
-@click.option("--events", type=int, default=200_000, show_default=True,
+@click.option("--events", type=int, default=400_000, show_default=True,
               help="Synthetic engagement events to stream.")
 @click.option("--rate", type=float, default=2_000, show_default=True, help="Events per second.")
 @click.option("--duration", type=float, help="Stop after this many seconds (default: at the end).")

@@ -33,5 +33,7 @@ def setup(level: str = "INFO", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("aiokafka", "faust", "mode"):
+    # libraries that narrate at INFO (faiss's loader tries each CPU build in turn; the model
+    # loader names its files): their warnings and errors still show
+    for noisy in ("aiokafka", "faust", "mode", "faiss.loader", "sentence_transformers"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

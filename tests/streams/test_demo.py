@@ -1,0 +1,62 @@
+"""The demo's freshness bookkeeping, and the demo end to end (slow: run with -m slow)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from state.events import Engagement, Entity
+from streams.changes import TokenChange
+from streams.freshness_watch import FreshnessWatch
+
+T0 = 1_767_225_600_000
+
+
+def _change(node: str, event_ts: int) -> TokenChange:
+    return TokenChange(node, "m", 1, [1], [1], [], [0], event_ts, event_ts + 1)
+
+
+def test_endpoint_changes_are_the_first_change_of_a_touched_node_and_event():
+    w = FreshnessWatch()
+    list(w.touched([Engagement("user:1", "ad:1", "click", T0), Entity("ad:2", T0 + 5)]))
+    now = (T0 + 250) / 1000
+    w.received([_change("user:1", T0), _change("ad:1", T0), _change("ad:2", T0 + 5),
+                _change("user:1", T0),            # a second change for the same event: neighbour
+                _change("ad:9", T0)], now_s=now)  # never touched: neighbour refresh
+    ep = w.window(10, now_s=now)
+    assert ep.count == 3 and ep.p50_ms == 250
+    assert w.window(10, endpoint_only=False, now_s=now).count == 5
+    assert w.since_start().count == 3
+    assert w.produced == 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 100_000), st.integers(0, 5_000)), min_size=1, max_size=60),
+       st.integers(1, 50_000))
+def test_window_counts_only_changes_received_within_it(arrivals, window_ms):
+    """Whatever the arrival times (ms after T0), a window holds exactly the changes received
+    inside it, and its quantiles lie within their latencies."""
+    w = FreshnessWatch(keep_s=1_000)
+    arrivals = sorted(arrivals)
+    for i, (t, lat) in enumerate(arrivals):
+        w.received([_change(f"user:{i}", T0 + t - lat)], now_s=(T0 + t) / 1000)
+    now_ms = T0 + arrivals[-1][0]
+    expected = [lat for t, lat in arrivals if T0 + t >= now_ms - window_ms]
+    q = w.window(window_ms / 1000, endpoint_only=False, now_s=now_ms / 1000)
+    assert q.count == len(expected)
+    assert min(expected) - 1e-3 <= q.p50_ms <= q.p99_ms <= max(expected) + 1e-3
+
+
+@pytest.mark.slow
+def test_demo_trains_swaps_and_reports(tmp_path, capsys):
+    """A short demo: the first checkpoint is trained, announced and served, and the summary
+    checks it against the planted interests."""
+    from streams.config import load
+    from streams.demo import run_demo
+
+    cfg = load(env={})
+    rc = run_demo(cfg, tmp_path / "demo", events=120_000, rate=2_000, duration=None,
+                  train_after=10.0)
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "announced" in out and "what the model" in out
+    assert (tmp_path / "demo" / "freshness.png").exists()
