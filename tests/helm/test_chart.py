@@ -286,3 +286,48 @@ def test_every_pod_gets_pull_secrets_and_the_security_context(kube):
         assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other"}]
         assert spec["securityContext"]["runAsUser"] == 10001 and spec["securityContext"]["runAsNonRoot"]
         assert all(c["securityContext"]["allowPrivilegeEscalation"] is False for c in spec["containers"])
+
+
+def _exported_series() -> set[str]:
+    """Every series name the worker's /metrics can carry (histograms as _bucket/_sum/_count)."""
+    from streams.metrics import REGISTRY
+    out = set()
+    for m in REGISTRY.collect():
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                    "gauge": ("",)}.get(m.type, ("",))
+        out.update(m.name + s for s in suffixes)
+    return out
+
+
+def test_dashboard_ships_as_a_sidecar_configmap_of_exported_metrics(kube):
+    objs, _ = _install(kube, _merge(BOOTSTRAP, {"dashboard": {
+        "enabled": True, "annotations": {"grafana_folder": "hirflow"}}}))
+    (cm,) = [o for o in _by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "hirflow"}
+    shipped = json.loads(cm["data"]["hirflow-workers.json"])
+    assert shipped == json.loads((CHART / "dashboards" / "hirflow-workers.json").read_text())
+    exported, used = _exported_series(), set()
+    for panel in shipped["panels"]:
+        for target in panel["targets"]:
+            names = set(re.findall(r"\bhirflow_[a-z_]+", target["expr"]))
+            assert names, f"{panel['title']}: a query that names no hirflow metric"
+            assert names <= exported, f"{panel['title']}: not exported: {names - exported}"
+            used |= names
+    # what an operator looks at first: ingest and lag, freshness, refresh batches, backlog,
+    # hot swap, dead letters by reason
+    assert {"hirflow_events_applied_total", "hirflow_consumer_lag", "hirflow_freshness_seconds_bucket",
+            "hirflow_refresh_batch_seconds_bucket", "hirflow_dirty_nodes",
+            "hirflow_hot_swap_progress", "hirflow_events_dead_lettered_total"} <= used
+
+
+def test_dashboard_is_off_by_default(kube):
+    objs, _ = _install(kube, BOOTSTRAP)
+    assert not [o for o in _by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+
+
+def test_chart_readme_values_table_is_current():
+    from tests.helm.values_table import values_table
+    text = (CHART / "README.md").read_text()
+    table = text.split("<!-- values:start -->\n", 1)[1].split("<!-- values:end -->", 1)[0]
+    assert table == values_table(), "regenerate: python -m tests.helm.values_table"
