@@ -57,8 +57,8 @@ CPU_FLEX_BLOCK = 32   # tile on CPU: views of 16-128 nodes waste most of a 128-t
 
 def flex_block_size(batch: PackedBatch, device) -> int:
     """The batch's tile (128) on CUDA; on CPU 32, where the compiled kernel's cost follows
-    the scores it computes: at 4k tokens of 16-128-node views it took 16.6 ms per call with
-    128-token tiles, 10.6 with 64 and 7.9 with 32 (measured here)."""
+    the scores it computes, so smaller tiles waste less on the padding around small views
+    (`bench/attention.py` measures it)."""
     if torch.device(device).type == "cuda":
         return batch.block_size
     return min(batch.block_size, CPU_FLEX_BLOCK)

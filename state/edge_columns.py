@@ -3,9 +3,8 @@ queue need of the nodes a refresh encodes, without their `NodeState` records.
 
 The sampling process has just decoded those records for the views, so it builds these and
 ships them with the views: a few arrays and one list of distinct neighbour names instead of
-every edge as Python tuples. The worker used to decode the same records again under the
-interpreter lock it shares with ingest (19% of the refresh thread's time on a filled graph,
-py-spy during bench/freshness.py), then turn them into columns for the super-graph anyway.
+every edge as Python tuples, so the worker never decodes the same records again under the
+interpreter lock it shares with ingest.
 """
 from __future__ import annotations
 

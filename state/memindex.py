@@ -7,7 +7,7 @@ per-token posting arrays in numpy. Postings are append-only between compactions:
 that leaves a token is filtered out at query time by checking the token matrix (the truth),
 so an update costs one row write and a few list appends.
 
-Retrieval follows DESIGN.md: union of the postings of the query's tokens (optionally more
+Retrieval (docs/architecture.md): union of the postings of the query's tokens (optionally more
 probes of the first codebook), filtered by node type, re-ranked by exact inner product. The
 first codebook doubles as an IVF layout: compaction orders the rows by their first token, so a
 probed cell is one contiguous block of the embedding matrix, scored exactly by one

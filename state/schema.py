@@ -55,10 +55,10 @@ def _default_actions() -> dict[str, ActionSpec]:
 
 @dataclass(frozen=True)
 class SchemaConfig:
-    node_types: tuple[str, ...] = DEFAULT_NODE_TYPES
+    node_types: tuple[str, ...] = DEFAULT_NODE_TYPES    # the `type` of node ids `type:key`
     extra_node_types: tuple[str, ...] = ()          # added by data set adapters (category, ...)
-    actions: dict[str, ActionSpec] = field(default_factory=_default_actions)
-    extra_actions: dict[str, ActionSpec] = field(default_factory=dict)
+    actions: dict[str, ActionSpec] = field(default_factory=_default_actions)   # replaces the defaults
+    extra_actions: dict[str, ActionSpec] = field(default_factory=dict)   # added to `actions`
     max_payload_bytes: int = 64 * 1024              # a record larger than this is refused
     max_weight: float = 1e6                         # |w| above this is refused as a typo
     max_key_len: int = 256                          # characters after "type:"

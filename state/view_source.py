@@ -1,16 +1,16 @@
 """Where the refresh loop's views are sampled: in its own process, or in a child process that
 reads a read-only follower of the store.
 
-A worker's ingest and refresh threads share one interpreter lock; at 5,000 events/s view
-sampling was about half of the refresh thread's time under it (py-spy, bench/freshness.py),
-and the worker was bound by that lock while a core stood idle. `ViewProcess` moves sampling
+A worker's ingest and refresh threads share one interpreter lock, and pure-Python view
+sampling is a large part of a refresh: in the worker's own process it would hold that lock
+while another core stands idle. `ViewProcess` moves sampling
 to a child (`python -m state.view_source`) that follows the store as a RocksDB secondary
 instance and catches up before each request, so it reads everything the worker committed
 before it asked. Both sources have the same `submit` / `result` interface: the refresh loop
 submits the next batch and encodes the current one while the child samples. A request may
 carry a `prepare` callable that the child runs on the views too: the refresh loop has it
-pack them for its encoder (`encoder.batching.Packer`), which took 13-16% of the refresh
-thread's time under the lock (bench/freshness.py at 2,000 events/s).
+pack them for its encoder (`encoder.batching.Packer`), also work that would otherwise hold
+the lock.
 
 Wire format (pickled messages over a socket pair, `_Channel`): the parent sends the
 set-up dict, then `(ticket, ids, cutoff, prepare)` per request and `None` to stop; the child
@@ -180,8 +180,7 @@ class ViewProcess:
         try:
             # one thread for whatever a request's `prepare` runs on torch or BLAS: the child
             # works alone, and the threads of a pool spin or wait for each other whenever the
-            # other core is busy (a freshness run with two: shortest paths took 12% of the
-            # child's time; 1.5% with one)
+            # other core is busy
             env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             self.proc = subprocess.Popen([sys.executable, "-m", "state.view_source", str(theirs.fileno())],
                                          pass_fds=(theirs.fileno(),), env=env)

@@ -125,7 +125,7 @@ class ViewSampler:
     def invalidate(self, node_ids, defer_free: bool = False) -> None:
         """Forget cached records of nodes whose state changed. With `defer_free` they are
         only set aside until `release()`: freeing a filled node's records (a few thousand small
-        objects) took ~16% of the sampling process's time, which it can spend after replying."""
+        objects) is slow enough to be worth doing after the reply has been sent."""
         cache, ranks, walks = self._cache, self._rank_cache, self._walk_cache
         for n in node_ids:
             records = (cache.pop(n, None), ranks.pop(n, None), walks.pop(n, None))

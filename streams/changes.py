@@ -1,4 +1,4 @@
-"""Token changes: the record on `hirflow.token-changes` (key = node id), as in DESIGN.md.
+"""Token changes: the record on `hirflow.token-changes` (key = node id; docs/wire-formats.md).
 
 `node`, `model` (checkpoint id), `seq` (per node, strictly increasing), `tokens`, `added`,
 `removed`, `assign` (primitive per level, -1 = none yet), `event_ts` (oldest event that

@@ -482,9 +482,15 @@ def export(obj: Ctx, out, fmt, nodes, types):
 
 
 @cli.command("config")
+@click.option("--reference", is_flag=True,
+              help="Print the reference of every key (Markdown: docs/configuration.md) instead.")
 @click.pass_obj
-def show_config(obj: Ctx):
+def show_config(obj: Ctx, reference):
     """Print the effective config (after file, env and flags)."""
+    if reference:
+        from streams.config_reference import render
+        click.echo(render(), nl=False)
+        return
     click.echo(json.dumps(as_dict(obj.config()), indent=2, default=str))
 
 

@@ -16,7 +16,7 @@ class KafkaConfig:
     replication: int = 1                # 3 on a real cluster
     session_timeout_ms: int = 6000      # tansu joins a group in ~session/2: keep it short there
     linger_ms: int = 5                  # measured best latency on the embedded broker
-    fetch_wait_max_ms: int = 10
+    fetch_wait_max_ms: int = 10         # longest time the broker holds a fetch waiting for data
     max_message_bytes: int = 16 * 1024 * 1024   # the DLQ must carry oversized originals
     compression: str = "none"           # faust's aiokafka reads gzip without extras, not lz4
     client: dict[str, str] = field(default_factory=dict)   # extra librdkafka settings (SASL/SSL)
@@ -45,11 +45,11 @@ class WorkerConfig:
     app_id: str = "hirflow"             # faust app id (its own consumer group for agents)
     index: int = 0                      # this worker's index among `count` (StatefulSet ordinal)
     count: int = 1                      # partitions p with p % count == index are this worker's
-    web_host: str = "127.0.0.1"
+    web_host: str = "127.0.0.1"         # address of the HTTP endpoints (0.0.0.0 in a pod)
     web_port: int = 6066                # health, readiness and /metrics
-    metrics_interval_s: float = 5.0
+    metrics_interval_s: float = 5.0     # how often gauges (lag, backlog, store size) are updated
     log_format: str = "text"            # text or json
-    log_level: str = "INFO"
+    log_level: str = "INFO"             # DEBUG, INFO, WARNING, ERROR
     knowledge: bool = True              # encode entity texts into world-knowledge vectors
 
     def __post_init__(self) -> None:
@@ -72,7 +72,7 @@ class RefreshConfig:
     device: str = "auto"                # auto (CUDA when present), cpu, cuda
     cpu_threads: int = 1                # torch + faiss threads on CPU (0: one per core)
     sample_process: bool = True         # sample views in a child process (a store follower)
-    seed: int = 0
+    seed: int = 0                       # seed of the view sampler's random walks
 
     def __post_init__(self) -> None:
         if self.batch_max < 1 or self.batch_wait_ms < 0:
