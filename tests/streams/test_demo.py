@@ -54,7 +54,7 @@ def test_demo_trains_swaps_and_reports(tmp_path, capsys):
     from streams.demo import run_demo
 
     cfg = load(env={})
-    rc = run_demo(cfg, tmp_path / "demo", events=120_000, rate=2_000, duration=None,
+    rc = run_demo(cfg, tmp_path / "demo", events=240_000, rate=2_000, duration=None,
                   train_after=10.0)
     out = capsys.readouterr().out
     assert rc == 0
