@@ -98,9 +98,9 @@ def _subscribe(cfg: HirflowConfig, watch: FreshnessWatch, done: threading.Event)
 
 
 # the first checkpoint: three shuffled passes over the events streamed so far. On the
-# synthetic world one pass leaves users barely personalised (retrieved ads in the user's
-# interests 10 %, chance 4 %); three give about 42 % for about a minute of training here.
-# Fewer teacher anchors per step halve the time at the same quality.
+# young synthetic world one pass leaves users barely personalised, while three separate them
+# by their planted interests (the summary checks it); fewer teacher anchors per step roughly
+# halve the training time without losing that.
 FIRST_TRAIN = dict(passes=3, teacher_anchors=8)
 
 
@@ -110,7 +110,7 @@ def _train_first(cfg: HirflowConfig, synth: SynthConfig, workdir: Path, produced
     (the events streamed so far: the stream is regenerated from the same seed),
     announce it, and report progress on the `status` pipe as (kind, text) pairs. A process,
     not a thread: the demo's producer and subscriber threads hold the parent's interpreter
-    lock most of the time, which starved a training thread."""
+    lock most of the time, so a training thread would be starved."""
     from encoder.model import EncoderConfig
     from state.events import Engagement, Entity
     from trainer.data import world_knowledge
