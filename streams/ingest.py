@@ -16,7 +16,7 @@ import logging
 import time
 
 import msgpack
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from state.events import Engagement, EventError, Validator
 from state.writer import BOTH_SIDES, DST_SIDE, SRC_SIDE, GraphWriter
@@ -28,6 +28,9 @@ from streams.metrics import (BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_L
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
+
+# a stream quiet this long is idle: Kafka's commit of the newest durable offsets is confirmed
+IDLE_CONFIRM_S = 1.0
 
 
 class DeliveryError(RuntimeError):
@@ -69,6 +72,12 @@ class IngestLoop:
         self._pending: dict[tuple[str, int], int] = {}   # consumed, not yet durable
         self._apply_seconds = 0.0
         self._last_commit = time.monotonic()
+        # the newest durable offsets whose Kafka commit is not confirmed yet: commits are
+        # asynchronous, and one that fails (a coordinator busy with a dead member's session
+        # after a kill) is confirmed synchronously once the stream is idle, or Kafka's
+        # committed offsets would lag the state forever at the end of a stream
+        self._unconfirmed: dict[tuple[str, int], int] = {}
+        self._last_record = time.monotonic()
         self.applied = 0
         self._assign()
 
@@ -105,9 +114,14 @@ class IngestLoop:
             BATCH_SIZE.observe(len(msgs))
         # commit on the interval alone: with short consume waits an empty call is only a
         # gap between fetches, not an idle stream
-        due = time.monotonic() - self._last_commit >= self.cfg.ingest.commit_interval_ms / 1000
+        now = time.monotonic()
+        if msgs:
+            self._last_record = now
+        due = now - self._last_commit >= self.cfg.ingest.commit_interval_ms / 1000
         if self._pending and due:
             self.commit()
+        elif self._unconfirmed and not msgs and now - self._last_record >= IDLE_CONFIRM_S:
+            self._confirm_kafka_offsets()
         self._maybe_lag()
         return len(msgs)
 
@@ -127,6 +141,7 @@ class IngestLoop:
                 raise
         self.consumer.commit(offsets=[TopicPartition(tp, p, off + 1)
                                       for (tp, p), off in last.items()], asynchronous=True)
+        self._unconfirmed.update(last)
         BATCH_SECONDS.observe(self._apply_seconds + time.perf_counter() - t0)
         self._pending = {}
         self._apply_seconds = 0.0
@@ -244,6 +259,18 @@ class IngestLoop:
         offsets it covered (the consumer must resume from the stored offsets: restart)."""
         self.writer.discard_uncommitted()
         self._pending = {}
+
+    def _confirm_kafka_offsets(self) -> None:
+        """Commit the newest durable offsets to Kafka and wait for the answer (the stream is
+        idle, so the wait costs nothing); on failure the next idle interval tries again."""
+        offsets = [TopicPartition(tp, p, off + 1) for (tp, p), off in self._unconfirmed.items()]
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("committing offsets to Kafka failed (state is durable; retrying): %s", exc)
+            self._last_record = time.monotonic()       # wait another idle second
+            return
+        self._unconfirmed = {}
 
     def flush(self) -> None:
         """Commit whatever was consumed since the last commit (graceful shutdown)."""

@@ -157,3 +157,41 @@ def test_state_becomes_durable_on_the_commit_interval_not_at_each_empty_consume(
         loop.poll_once()
         assert store.reader.state(evs[0].src) is not None
         loop.close()
+
+
+class _LosesAsyncCommits:
+    """A consumer whose asynchronous offset commits never reach Kafka (as one the coordinator
+    rejects does); everything else goes to the real consumer."""
+
+    def __init__(self, real) -> None:
+        self._real = real
+
+    def commit(self, *args, asynchronous=True, **kw):
+        if asynchronous:
+            return None
+        return self._real.commit(*args, asynchronous=False, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def test_kafka_offsets_catch_up_with_state_once_the_stream_is_idle(cfg):
+    """A lost asynchronous commit is made good when the stream goes quiet, so Kafka's
+    committed offsets do not lag durable state at the end of a stream."""
+    from confluent_kafka import TopicPartition
+
+    evs = engagements(400)
+    produce(cfg, evs, progress=False)
+    topics = Topics(cfg.kafka.topic_prefix)
+    with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions) as store:
+        real = clients.consumer(cfg.kafka, cfg.ingest.group_id)
+        loop = IngestLoop(cfg, GraphWriter(store, cfg.graph), topics, consumer=_LosesAsyncCommits(real))
+        run_until(loop, lambda: loop.applied >= len(evs))
+
+        def committed() -> int:
+            tps = real.committed([TopicPartition(topics.engagements, p)
+                                  for p in range(cfg.kafka.partitions)], timeout=10)
+            return sum(max(0, tp.offset) for tp in tps)
+
+        run_until(loop, lambda: committed() >= len(evs), timeout=20)
+        loop.close()
