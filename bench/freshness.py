@@ -50,6 +50,7 @@ from streams import clients  # noqa: E402
 from streams.broker import EmbeddedBroker  # noqa: E402
 from streams.config import HirflowConfig  # noqa: E402
 from streams.demo import EMBEDDED_PARTITIONS, UPSTREAM_LINGER_MS, stamped_now, upstream  # noqa: E402
+from streams.freshness_watch import endpoint_flags, touched_keys  # noqa: E402
 from streams.replay import produce  # noqa: E402
 from streams.subscribe import Subscriber  # noqa: E402
 from streams.synth import SynthConfig, SynthWorld  # noqa: E402
@@ -123,11 +124,7 @@ def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase, pids):
 
     def remember(items):
         for it in items:
-            if hasattr(it, "src"):
-                touched.add((it.src, it.ts))
-                touched.add((it.dst, it.ts))
-            else:                                   # an entity event touches its node
-                touched.add((it.node, it.ts))
+            touched.update(touched_keys(it))
             yield it
 
     t = threading.Thread(target=listen)
@@ -165,12 +162,7 @@ def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase, pids):
     grows = bool(backlog and np.median(backlog[half:]) > 2 * max(1.0, np.median(backlog[:half])) + 500)
     mine = [g for g in got if g[1] >= start_ms]     # not the tail of an earlier phase
     lat = np.array([x for _, _, x, _ in mine])
-    seen: set[tuple[str, int]] = set()               # the first change per (node, event) is the
-    endpoint = np.zeros(len(mine), bool)             # endpoint's; later ones with the same
-    for i, (n, ts, _, _) in enumerate(mine):            # stamp are neighbour refreshes of a node
-        if (n, ts) in touched and (n, ts) not in seen:   # that shared the event
-            endpoint[i] = True
-            seen.add((n, ts))
+    endpoint = endpoint_flags(((n, ts) for n, ts, _, _ in mine), touched)
     return lat, endpoint, mine, refreshed / elapsed, backlog, grows, batches, cpu
 
 

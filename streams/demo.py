@@ -11,7 +11,6 @@ learned checked against the world's planted interests, example API calls, a fres
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import multiprocessing
 import os
@@ -21,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path

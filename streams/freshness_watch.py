@@ -17,6 +17,27 @@ from typing import Iterable, Iterator
 import numpy as np
 
 
+def touched_keys(item) -> tuple[tuple[str, int], ...]:
+    """The (node, event time) pairs an event touches: both ends of an engagement, the node
+    of an entity record."""
+    if hasattr(item, "src"):
+        return (item.src, item.ts), (item.dst, item.ts)
+    return ((item.node, item.ts),)
+
+
+def endpoint_flags(changes: Iterable[tuple[str, int]], touched: set[tuple[str, int]]) -> np.ndarray:
+    """Per (node, event_ts) of the changes in arrival order: is it an endpoint change (the
+    first change for a touched pair)?"""
+    keys = list(changes)
+    seen: set[tuple[str, int]] = set()
+    out = np.zeros(len(keys), bool)
+    for i, key in enumerate(keys):
+        if key in touched and key not in seen:
+            out[i] = True
+            seen.add(key)
+    return out
+
+
 @dataclass(frozen=True)
 class Quantiles:
     count: int
@@ -52,11 +73,7 @@ class FreshnessWatch:
         for it in items:
             self.produced += 1
             with self._lock:
-                if hasattr(it, "src"):
-                    self._touched.add((it.src, it.ts))
-                    self._touched.add((it.dst, it.ts))
-                else:
-                    self._touched.add((it.node, it.ts))
+                self._touched.update(touched_keys(it))
             yield it
 
     def received(self, changes: Iterable, now_s: float | None = None) -> None:

@@ -30,3 +30,29 @@ def run_until(loop, predicate, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         loop.poll_once()
+
+
+def committed_total(cfg: HirflowConfig, topic: str) -> int:
+    """Offsets the ingest group has committed to Kafka, summed over the topic's partitions."""
+    c = Consumer({"bootstrap.servers": cfg.kafka.bootstrap, "group.id": cfg.ingest.group_id})
+    tps = c.committed([TopicPartition(topic, p) for p in range(cfg.kafka.partitions)], timeout=10)
+    c.close()
+    return sum(max(0, tp.offset) for tp in tps)
+
+
+def assert_ingest_equals_direct(cfg: HirflowConfig, topics, expected, tmp_path) -> None:
+    """Ingest what the topics hold into the config's store until `expected` engagements are
+    applied; the state must equal applying `expected` directly to a fresh store."""
+    from state.graph import GraphStore
+    from state.writer import GraphWriter
+    from streams.ingest import IngestLoop
+    from tests.state.helpers import apply_direct, assert_same_state, digest
+
+    with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions) as store:
+        loop = IngestLoop(cfg, GraphWriter(store, cfg.graph), topics)
+        run_until(loop, lambda: loop.applied >= len(expected))
+        loop.close()
+        via_kafka = digest(store)
+    with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
+        apply_direct(store, expected, cfg.graph)
+        assert_same_state(via_kafka, digest(store))

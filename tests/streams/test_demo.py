@@ -60,3 +60,10 @@ def test_demo_trains_swaps_and_reports(tmp_path, capsys):
     assert rc == 0
     assert "announced" in out and "what the model" in out
     assert (tmp_path / "demo" / "freshness.png").exists()
+
+
+def test_endpoint_flags_mark_the_first_change_of_each_touched_pair():
+    from streams.freshness_watch import endpoint_flags, touched_keys
+    touched = set(touched_keys(Engagement("user:1", "ad:1", "click", T0))) | set(touched_keys(Entity("ad:2", T0)))
+    keys = [("user:1", T0), ("ad:9", T0), ("user:1", T0), ("ad:1", T0), ("ad:2", T0)]
+    assert endpoint_flags(keys, touched).tolist() == [True, False, False, True, True]

@@ -14,7 +14,7 @@ from streams.synth import SynthConfig, SynthWorld
 from streams.topics import Topics
 from tests.conftest import replace_section
 from tests.state.helpers import apply_direct, assert_same_state, digest
-from tests.streams.kafka_helpers import drain, run_until
+from tests.streams.kafka_helpers import assert_ingest_equals_direct, committed_total, drain, run_until
 
 
 def engagements(n=3000):
@@ -25,15 +25,7 @@ def engagements(n=3000):
 def test_broker_replay_equals_direct_apply(cfg, tmp_path):
     evs = engagements()
     produce(cfg, evs, progress=False)
-    with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions) as store:
-        loop = IngestLoop(cfg, GraphWriter(store, cfg.graph), Topics(cfg.kafka.topic_prefix))
-        run_until(loop, lambda: loop.applied >= len(evs))
-        loop.close()
-        via_kafka = digest(store)
-    with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
-        apply_direct(store, evs, cfg.graph)
-        direct = digest(store)
-    assert_same_state(via_kafka, direct)
+    assert_ingest_equals_direct(cfg, Topics(cfg.kafka.topic_prefix), evs, tmp_path)
 
 
 def test_two_workers_split_partitions_and_forward_reverse_sides(cfg, tmp_path):
@@ -96,14 +88,7 @@ def test_bad_input_goes_to_dead_letter_and_the_stream_keeps_flowing(cfg, tmp_pat
             p.produce(topics.engagements, value=encode_engagement(ev), key=ev.src.encode())
             expected_good.append(ev)
     assert p.flush(30) == 0
-    with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions) as store:
-        loop = IngestLoop(cfg, GraphWriter(store, cfg.graph), topics)
-        run_until(loop, lambda: loop.applied >= len(expected_good))
-        loop.close()
-        via_kafka = digest(store)
-    with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
-        apply_direct(store, expected_good, cfg.graph)
-        assert_same_state(via_kafka, digest(store))
+    assert_ingest_equals_direct(cfg, topics, expected_good, tmp_path)
     dead = drain(cfg, topics.dead_letter, len(bad))
     assert len(dead) == len(bad)
     by_reason = {parse_headers(m.headers())["hirflow.reason"]: m for m in dead}
@@ -178,8 +163,6 @@ class _LosesAsyncCommits:
 def test_kafka_offsets_catch_up_with_state_once_the_stream_is_idle(cfg):
     """A lost asynchronous commit is made good when the stream goes quiet, so Kafka's
     committed offsets do not lag durable state at the end of a stream."""
-    from confluent_kafka import TopicPartition
-
     evs = engagements(400)
     produce(cfg, evs, progress=False)
     topics = Topics(cfg.kafka.topic_prefix)
@@ -187,11 +170,5 @@ def test_kafka_offsets_catch_up_with_state_once_the_stream_is_idle(cfg):
         real = clients.consumer(cfg.kafka, cfg.ingest.group_id)
         loop = IngestLoop(cfg, GraphWriter(store, cfg.graph), topics, consumer=_LosesAsyncCommits(real))
         run_until(loop, lambda: loop.applied >= len(evs))
-
-        def committed() -> int:
-            tps = real.committed([TopicPartition(topics.engagements, p)
-                                  for p in range(cfg.kafka.partitions)], timeout=10)
-            return sum(max(0, tp.offset) for tp in tps)
-
-        run_until(loop, lambda: committed() >= len(evs), timeout=20)
+        run_until(loop, lambda: committed_total(cfg, topics.engagements) >= len(evs), timeout=20)
         loop.close()

@@ -12,14 +12,10 @@ import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from state.events import Engagement
-from state.graph import GraphStore
 from state.keys import partition_of
-from state.writer import GraphWriter
 from streams import changes, clients
-from streams.ingest import IngestLoop
 from streams.topics import Topics, ensure_topics
-from tests.state.helpers import apply_direct, assert_same_state, digest
-from tests.streams.kafka_helpers import run_until
+from tests.streams.kafka_helpers import assert_ingest_equals_direct
 
 NOW = 1_767_225_600_000
 
@@ -43,14 +39,7 @@ def test_json_from_aiokafka_is_applied_on_the_partition_of_its_node(cfg, tmp_pat
     evs = _events()
     parts = asyncio.run(_produce_json(cfg.kafka.bootstrap, topics.engagements, evs))
     assert parts == [partition_of(e.src, cfg.kafka.partitions) for e in evs]
-    with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions) as store:
-        loop = IngestLoop(cfg, GraphWriter(store, cfg.graph), topics)
-        run_until(loop, lambda: loop.applied >= len(evs))
-        loop.close()
-        via_aiokafka = digest(store)
-    with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
-        apply_direct(store, evs, cfg.graph)
-        assert_same_state(via_aiokafka, digest(store))
+    assert_ingest_equals_direct(cfg, topics, evs, tmp_path)
 
 
 def test_aiokafka_reads_token_changes_as_hirflow_writes_them(cfg):

@@ -5,7 +5,6 @@ import random
 import time
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from state.events import Engagement, Entity, encode_entity
 from state.graph import GraphStore
@@ -15,6 +14,7 @@ from streams.replay import produce
 from streams.synth import SynthConfig, SynthWorld
 from streams.topics import Topics
 from tests.state.helpers import apply_direct, assert_same_state, digest
+from tests.streams.kafka_helpers import committed_total
 from tests.streams.worker_proc import WorkerProcess
 
 
@@ -30,13 +30,6 @@ def workers(cfg, tmp_path):
     yield start
     for w in started:
         w.close()
-
-
-def committed_total(cfg, topic: str) -> int:
-    c = Consumer({"bootstrap.servers": cfg.kafka.bootstrap, "group.id": cfg.ingest.group_id})
-    tps = c.committed([TopicPartition(topic, p) for p in range(cfg.kafka.partitions)], timeout=10)
-    c.close()
-    return sum(max(0, tp.offset) for tp in tps)
 
 
 def _wait_refreshed(w, timeout=120.0):
