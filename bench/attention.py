@@ -32,9 +32,9 @@ def child(mode: str, S: int, reps: int) -> dict:
     import numpy as np
     import torch
 
-    from encoder import attention as A
-    from encoder.batching import PackConfig, pack
-    from tests.encoder.views import random_view
+    from hirflow.encoder import attention as A
+    from hirflow.encoder.batching import PackConfig, pack
+    from hirflow.state.random_views import random_view
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     rng = np.random.default_rng(S)

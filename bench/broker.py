@@ -31,10 +31,10 @@ from confluent_kafka import OFFSET_END, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from bench.proc_cpu import cpu_seconds  # noqa: E402
-from state.config import build  # noqa: E402
-from streams import clients  # noqa: E402
-from streams.broker import EmbeddedBroker  # noqa: E402
-from streams.config import HirflowConfig  # noqa: E402
+from hirflow.state.config import build  # noqa: E402
+from hirflow.streams import clients  # noqa: E402
+from hirflow.streams.broker import EmbeddedBroker  # noqa: E402
+from hirflow.streams.config import HirflowConfig  # noqa: E402
 
 WINDOW_S = 5.0
 

@@ -26,14 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from encoder.batching import pack  # noqa: E402
-from encoder.model import EncoderConfig, HierarchicalEncoder  # noqa: E402
-from state.events import Engagement  # noqa: E402
-from state.graph import GraphConfig, GraphStore  # noqa: E402
-from state.schema import SchemaConfig  # noqa: E402
-from state.views import STUDENT, ViewSampler  # noqa: E402
-from state.writer import GraphWriter  # noqa: E402
-from streams.synth import SynthConfig, SynthWorld  # noqa: E402
+from hirflow.encoder.batching import pack  # noqa: E402
+from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder  # noqa: E402
+from hirflow.state.events import Engagement  # noqa: E402
+from hirflow.state.graph import GraphConfig, GraphStore  # noqa: E402
+from hirflow.state.schema import SchemaConfig  # noqa: E402
+from hirflow.state.views import STUDENT, ViewSampler  # noqa: E402
+from hirflow.state.writer import GraphWriter  # noqa: E402
+from hirflow.streams.synth import SynthConfig, SynthWorld  # noqa: E402
 
 warnings.filterwarnings("ignore")
 

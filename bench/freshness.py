@@ -45,17 +45,17 @@ import numpy as np  # noqa: E402
 from confluent_kafka import OFFSET_END, TopicPartition  # noqa: E402
 
 from bench.proc_cpu import CpuMeter, children  # noqa: E402
-from state.config import build  # noqa: E402
-from streams import clients  # noqa: E402
-from streams.broker import EmbeddedBroker  # noqa: E402
-from streams.config import HirflowConfig  # noqa: E402
-from streams.demo import EMBEDDED_PARTITIONS, UPSTREAM_LINGER_MS, stamped_now, upstream  # noqa: E402
-from streams.freshness_watch import endpoint_flags, touched_keys  # noqa: E402
-from streams.replay import produce  # noqa: E402
-from streams.subscribe import Subscriber  # noqa: E402
-from streams.synth import SynthConfig, SynthWorld  # noqa: E402
-from streams.topics import Topics, ensure_topics  # noqa: E402
-from tests.streams.worker_proc import WorkerProcess  # noqa: E402
+from hirflow.state.config import build  # noqa: E402
+from hirflow.streams import clients  # noqa: E402
+from hirflow.streams.broker import EmbeddedBroker  # noqa: E402
+from hirflow.streams.config import HirflowConfig  # noqa: E402
+from hirflow.streams.demo import EMBEDDED_PARTITIONS, UPSTREAM_LINGER_MS, stamped_now, upstream  # noqa: E402
+from hirflow.streams.freshness_watch import endpoint_flags, touched_keys  # noqa: E402
+from hirflow.streams.replay import produce  # noqa: E402
+from hirflow.streams.subscribe import Subscriber  # noqa: E402
+from hirflow.streams.synth import SynthConfig, SynthWorld  # noqa: E402
+from hirflow.streams.topics import Topics, ensure_topics  # noqa: E402
+from hirflow.streams.worker_process import WorkerProcess  # noqa: E402
 
 POLL_S = 0.005   # consumer poll timeout of the measuring clients (see `listen`)
 WINDOW_S = 30.0  # event-time window of the per-window p99 in long phases
@@ -227,7 +227,8 @@ def main() -> None:
         ensure_topics(cfg.kafka, Topics())
         up = upstream(cfg, a.linger_ms)
         raw = np.array(kafka_alone(up, rates[0], min(seconds / 2, 10)))
-        env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": a.checkpoint}
+        env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": a.checkpoint,
+               "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5"}
         worker = WorkerProcess(cfg, logs["worker"], env).start()
         try:
             deadline = time.monotonic() + 120

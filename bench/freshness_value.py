@@ -24,14 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
 
 from bench.quality import online_retail, synthetic  # noqa: E402
-from encoder.model import EncoderConfig  # noqa: E402
-from trainer.data import chronological_windows, world_knowledge  # noqa: E402
-from trainer.evaluate import deep_funnel_actions, item_types, load_model, positive_actions  # noqa: E402
-from trainer.freshness_value import freshness_value  # noqa: E402
-from trainer.train import TrainConfig, train  # noqa: E402
+from hirflow.encoder.model import EncoderConfig  # noqa: E402
+from hirflow.trainer.data import chronological_windows, world_knowledge  # noqa: E402
+from hirflow.trainer.evaluate import deep_funnel_actions, item_types, load_model, positive_actions  # noqa: E402
+from hirflow.trainer.freshness_value import freshness_value  # noqa: E402
+from hirflow.trainer.train import TrainConfig, train  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -95,7 +94,7 @@ def main() -> None:
         ap.error("--checkpoint needs --only (a checkpoint belongs to one data set)")
     encode = None
     if a.knowledge if a.knowledge is not None else not a.quick:
-        from encoder.knowledge import TextEncoder
+        from hirflow.encoder.knowledge import TextEncoder
         encode = TextEncoder().encode
     a.out.mkdir(parents=True, exist_ok=True)
     figures: dict = {}

@@ -32,15 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import TopicPartition  # noqa: E402
 
-from state.config import build  # noqa: E402
-from state.graph import GraphStore  # noqa: E402
-from state.writer import GraphWriter  # noqa: E402
-from streams import clients  # noqa: E402
-from streams.broker import EmbeddedBroker  # noqa: E402
-from streams.config import HirflowConfig  # noqa: E402
-from streams.ingest import IngestLoop  # noqa: E402
-from streams.runtime import tune_gc  # noqa: E402
-from streams.topics import Topics, ensure_topics  # noqa: E402
+from hirflow.state.config import build  # noqa: E402
+from hirflow.state.graph import GraphStore  # noqa: E402
+from hirflow.state.writer import GraphWriter  # noqa: E402
+from hirflow.streams import clients  # noqa: E402
+from hirflow.streams.broker import EmbeddedBroker  # noqa: E402
+from hirflow.streams.config import HirflowConfig  # noqa: E402
+from hirflow.streams.ingest import IngestLoop  # noqa: E402
+from hirflow.streams.runtime import tune_gc  # noqa: E402
+from hirflow.streams.topics import Topics, ensure_topics  # noqa: E402
 
 T0 = 1_767_225_600_000
 
@@ -143,7 +143,7 @@ app.main()
 
 
 def faust_rate(cfg: HirflowConfig, n: int, limit_s: float) -> float:
-    from streams.broker import free_port
+    from hirflow.streams.broker import free_port
     topic = Topics(cfg.kafka.topic_prefix).engagements
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "faust.json"

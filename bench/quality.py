@@ -35,16 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from encoder.model import EncoderConfig  # noqa: E402
-from state.events import Engagement, Entity, Validator  # noqa: E402
-from state.schema import SchemaConfig  # noqa: E402
-from streams import config as config_mod  # noqa: E402
-from streams.replay import read_events  # noqa: E402
-from streams.synth import SynthConfig, SynthWorld  # noqa: E402
-from trainer import baselines as B  # noqa: E402
-from trainer.data import chronological_windows, world_knowledge  # noqa: E402
-from trainer.evaluate import evaluate  # noqa: E402
-from trainer.train import TrainConfig, train  # noqa: E402
+from hirflow.encoder.model import EncoderConfig  # noqa: E402
+from hirflow.state.events import Engagement, Validator  # noqa: E402
+from hirflow.state.schema import SchemaConfig  # noqa: E402
+from hirflow.streams import config as config_mod  # noqa: E402
+from hirflow.streams.replay import read_events  # noqa: E402
+from hirflow.streams.synth import SynthConfig, SynthWorld  # noqa: E402
+from hirflow.trainer import baselines as B  # noqa: E402
+from hirflow.trainer.data import chronological_windows, world_knowledge  # noqa: E402
+from hirflow.trainer.evaluate import evaluate  # noqa: E402
+from hirflow.trainer.train import TrainConfig, train  # noqa: E402
 
 warnings.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +146,7 @@ def main() -> None:
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     encode = None
     if a.knowledge if a.knowledge is not None else not a.quick:
-        from encoder.knowledge import TextEncoder
+        from hirflow.encoder.knowledge import TextEncoder
         encode = TextEncoder().encode
     figures: dict = {"device": a.device, "quick": a.quick}
     with tempfile.TemporaryDirectory(prefix="hirflow-quality-") as tmp:

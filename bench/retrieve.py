@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 
-from encoder.quantize import BoMQuantizer, QuantizerConfig  # noqa: E402
-from state.memindex import MemoryIndex  # noqa: E402
+from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig  # noqa: E402
+from hirflow.state.memindex import MemoryIndex  # noqa: E402
 
 
 def clustered(n: int, d: int, clusters: int, rng) -> np.ndarray:

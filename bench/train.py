@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from encoder.model import EncoderConfig  # noqa: E402
-from state.events import Engagement  # noqa: E402
-from state.schema import SchemaConfig  # noqa: E402
-from streams.synth import SynthConfig, SynthWorld  # noqa: E402
-from trainer.train import TrainConfig, train  # noqa: E402
+from hirflow.encoder.model import EncoderConfig  # noqa: E402
+from hirflow.state.events import Engagement  # noqa: E402
+from hirflow.state.schema import SchemaConfig  # noqa: E402
+from hirflow.streams.synth import SynthConfig, SynthWorld  # noqa: E402
+from hirflow.trainer.train import TrainConfig, train  # noqa: E402
 
 warnings.filterwarnings("ignore")
 

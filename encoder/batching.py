@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from state.views import N_STATS, View
+from hirflow.state.views import N_STATS, View
 
 SEQ_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 _P = (1 << 31) - 1

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from encoder.batching import PackedBatch
-from state.views import N_STATS
+from hirflow.encoder.batching import PackedBatch
+from hirflow.state.views import N_STATS
 
 
 class DeepHashEmbedding(nn.Module):

@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from encoder import attention as A
-from encoder.batching import PackConfig, PackedBatch
-from encoder.features import NodeFeatures
-from state.schema import SchemaConfig
+from hirflow.encoder import attention as A
+from hirflow.encoder.batching import PackConfig, PackedBatch
+from hirflow.encoder.features import NodeFeatures
+from hirflow.state.schema import SchemaConfig
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,13 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from encoder import checkpoint as ckpt
-from encoder.batching import PackConfig, PackedBatch, Packer, pack
-from encoder.model import EncoderConfig, HierarchicalEncoder
-from encoder.quantize import BoMQuantizer, QuantizerConfig
-from state.index import NO_PRIMITIVE
-from state.views import View
+from hirflow.encoder import checkpoint as ckpt
+from hirflow.encoder.batching import PackConfig, PackedBatch, Packer, pack
+from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
+from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.state.index import NO_PRIMITIVE
+from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map
+from hirflow.state.views import View
 
 COLD_MODEL_ID = "cold-start"
 
@@ -131,8 +132,9 @@ class ColdStart:
                  levels: int) -> None:
         seed = int.from_bytes(hashlib.blake2b(b"hirflow-cold-start", digest_size=4).digest(), "big")
         rng = np.random.default_rng(seed)
-        self.type_index = {t: i for i, t in enumerate(type_names)}
+        self.type_index = type_code_map(tuple(type_names))
         self.proj = rng.standard_normal((knowledge_dim, d)).astype(np.float32) / np.sqrt(knowledge_dim)
+        # one direction per type, the last for UNKNOWN_TYPE (-1 indexes it)
         self.type_vec = rng.standard_normal((len(type_names) + 1, d)).astype(np.float32)
         self.type_vec /= np.linalg.norm(self.type_vec, axis=1, keepdims=True)
         self.planes = rng.standard_normal((m, nbits, d)).astype(np.float32)
@@ -142,7 +144,7 @@ class ColdStart:
         d = self.proj.shape[1]
         emb = np.zeros((len(nodes), d), np.float32)
         for i, n in enumerate(nodes):
-            t = self.type_index.get(n.partition(":")[0], len(self.type_index))
+            t = self.type_index.get(node_type(n), UNKNOWN_TYPE)
             v = 0.5 * self.type_vec[t]
             k = knowledge.get(n)
             if k is not None:

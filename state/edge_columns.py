@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from state.node import NodeState
+from hirflow.state.node import NodeState
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,7 +15,7 @@ from typing import Any
 import msgpack
 import msgspec
 
-from state.schema import SchemaConfig
+from hirflow.state.schema import SchemaConfig
 
 SCHEMA_VERSION = 1
 
@@ -246,6 +246,3 @@ class Validator:
     def decode_entity(self, raw: bytes | None) -> Entity:
         return self.entity(decode_map(raw, self.schema.max_payload_bytes))
 
-
-def node_type(node_id: str) -> str:
-    return node_id.partition(":")[0]

@@ -29,11 +29,11 @@ import msgpack
 import numpy as np
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
-from state.decay import value_at
-from state.events import Entity
-from state.keys import KeyCodec
-from state.node import IN, OUT, NodeState
-from state.schema import SchemaConfig
+from hirflow.state.decay import value_at
+from hirflow.state.events import Entity
+from hirflow.state.keys import KeyCodec
+from hirflow.state.node import IN, OUT, NodeState
+from hirflow.state.schema import SchemaConfig, node_type
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ class GraphReader:
         t = s.last if as_of is None else as_of
         activity = {k: value_at(w, tr, t, self.rates[k[0]]) for k, (w, tr) in s.activity.items()}
         edges = list(s.edge_weights(as_of, self.rates))
-        return NodeView(s.id, s.id.partition(":")[0], s.first, s.last, s.events, activity,
+        return NodeView(s.id, node_type(s.id), s.first, s.last, s.events, activity,
                         sum(1 for e in edges if e[2] == OUT), sum(1 for e in edges if e[2] == IN))
 
     def neighbors(self, node_id: str, as_of: int | None = None, k: int | None = None,

@@ -19,18 +19,27 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import msgspec
 import numpy as np
 from rocksdict import WriteBatch
 
-from state.graph import GraphStore
+from hirflow.state.graph import GraphStore
+from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map
 
 ACTIVE_KEY = b"index:active"        # meta -> [gen, model id, checkpoint path or None]
 BUILDING_KEY = b"index:building"    # meta -> [gen, model id, checkpoint path] during a swap
 ANNOUNCE_PASS_KEY = b"index:announce"  # meta -> gen whose switch still has changes to emit
 NO_PRIMITIVE = -1                   # assignment of a node served without a checkpoint
+
+
+class Generation(NamedTuple):
+    """One generation of the index: its number, the model id it holds and the checkpoint the
+    model came from (no model and no path for the cold-start generation 0)."""
+    gen: int
+    model: str | None
+    path: str | None
 
 _enc = msgspec.msgpack.Encoder().encode
 _dec = msgspec.msgpack.Decoder().decode
@@ -79,7 +88,7 @@ class TokenIndex:
     def __init__(self, store: GraphStore) -> None:
         self.store = store
         self.key = store.keys.key
-        self.type_code = {t: i for i, t in enumerate(store.schema.all_node_types)}
+        self.type_code = type_code_map(store.schema.all_node_types)
         self.cf = store.cf
         self.h = store.handle
 
@@ -88,14 +97,15 @@ class TokenIndex:
         raw = self.cf["meta"].get(key)
         return None if raw is None else _dec(raw)
 
-    def active(self) -> tuple[int, str | None, str | None]:
-        """(generation, model id, checkpoint path); generation 0 and no model when fresh."""
+    def active(self) -> Generation:
+        """The serving generation; generation 0 and no model when fresh."""
         v = self._meta(ACTIVE_KEY)
-        return (0, None, None) if v is None else (v[0], v[1], v[2])
+        return Generation(0, None, None) if v is None else Generation(*v)
 
-    def building(self) -> tuple[int, str, str] | None:
+    def building(self) -> Generation | None:
+        """The generation a hot swap is building, if one is under way."""
         v = self._meta(BUILDING_KEY)
-        return None if v is None else (v[0], v[1], v[2])
+        return None if v is None else Generation(*v)
 
     def announce_pending(self) -> int | None:
         return self._meta(ANNOUNCE_PASS_KEY)
@@ -164,7 +174,7 @@ class IndexBatch:
         ix, wb, h = self.ix, self.wb, self.ix.h
         nk = ix.key(rec.node)
         g = gen_prefix(gen)
-        tc = ix.type_code.get(rec.node.partition(":")[0], 255)
+        tc = ix.type_code.get(node_type(rec.node), UNKNOWN_TYPE) & 0xFF     # one byte
         wb.put(g + nk, rec.pack(), h["embeddings"])
         old_tokens = set(old.tokens) if old is not None else set()
         new_tokens = set(rec.tokens)

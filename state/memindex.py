@@ -21,6 +21,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map
+
 
 class MemoryIndex:
     def __init__(self, gen: int, model: str | None, d: int, m: int, levels: int,
@@ -29,7 +31,7 @@ class MemoryIndex:
                  centres: np.ndarray | None = None) -> None:
         self.gen, self.model, self.d, self.m, self.levels = gen, model, d, m, levels
         self.nbits = nbits
-        self.type_code = {t: i for i, t in enumerate(type_names)}
+        self.type_code = type_code_map(tuple(type_names))
         self.type_names = list(type_names)
         self.codebooks = codebooks              # (m, 2^nbits, d) or None (cold start)
         self.prototypes = list(prototypes) if prototypes is not None else None  # per level (K_l, d)
@@ -80,7 +82,7 @@ class MemoryIndex:
                 self._grow(row + 1)
                 self.rows[node] = row
                 self.ids.append(node)
-                self.types[row] = self.type_code.get(node.partition(":")[0], -1)
+                self.types[row] = self.type_code.get(node_type(node), UNKNOWN_TYPE)
                 self.n += 1
                 old = set()
             else:
@@ -109,7 +111,7 @@ class MemoryIndex:
             self.tokens[sl] = tokens
             self.assign[sl] = assign
             self.seq[sl] = 0 if seq is None else seq
-            self.types[sl] = [self.type_code.get(i.partition(":")[0], -1) for i in ids]
+            self.types[sl] = [self.type_code.get(node_type(i), UNKNOWN_TYPE) for i in ids]
             for j, node in enumerate(ids):
                 self.rows[node] = start + j
             self.ids.extend(ids)
@@ -150,6 +152,11 @@ class MemoryIndex:
         self._laid = n
         self._home[:n] = first
         self._in_cell[:n] = True
+
+    def set_seq(self, node: str, seq: int) -> None:
+        """A new published seq for an indexed node whose record is otherwise unchanged."""
+        with self.lock:
+            self.seq[self.rows[node]] = seq
 
     # -- reads (query threads) ------------------------------------------------------------
     def row(self, node: str) -> int | None:

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import msgspec
 
-from state.decay import add as _add, value_at
+from hirflow.state.decay import add as _add, value_at
 
 OUT, IN = 0, 1   # edge direction as seen from this node: OUT means this node was the src
 

@@ -6,10 +6,29 @@ a negative sign marks explicit negative feedback such as ``not_interested``.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
-from state.decay import rate_from_half_life
+from hirflow.state.decay import rate_from_half_life
+
+# Code of a node type the schema does not list (a type removed from the config while the
+# store still holds nodes of it). The one such code everywhere: index columns store it (one
+# byte: 255) and no type filter matches it; the cold-start model gives it its own direction;
+# the trained encoder has no row for it and reads it as the first type (`model_type_codes`).
+UNKNOWN_TYPE = -1
+
+
+def node_type(node_id: str) -> str:
+    """The type of a node id: "ad:a1" -> "ad"."""
+    return node_id.partition(":")[0]
+
+
+@functools.lru_cache(maxsize=64)
+def type_code_map(types: tuple[str, ...]) -> dict[str, int]:
+    """Type name -> its code: its position in the schema's `all_node_types` (cached: views
+    ask for it per view; do not mutate the dict returned)."""
+    return {t: i for i, t in enumerate(types)}
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -80,10 +99,15 @@ class SchemaConfig:
         return tuple(dict.fromkeys(self.node_types + self.extra_node_types))
 
     def type_codes(self, nodes) -> list[int]:
-        """Index into `all_node_types` of each node id's type ("ad:a1" -> that of "ad"); 0
-        for an unknown type, as views encode it."""
-        index = {t: i for i, t in enumerate(self.all_node_types)}
-        return [index.get(n.partition(":")[0], 0) for n in nodes]
+        """Each node id's type code ("ad:a1" -> the position of "ad" in `all_node_types`),
+        `UNKNOWN_TYPE` for a type the schema does not list."""
+        get = type_code_map(self.all_node_types).get
+        return [get(node_type(n), UNKNOWN_TYPE) for n in nodes]
+
+    def model_type_codes(self, nodes) -> list[int]:
+        """Type codes as the trained encoder embeds them: it has one row per listed type and
+        none for an unknown one, which reads as the first type."""
+        return [max(c, 0) for c in self.type_codes(nodes)]
 
     @property
     def all_actions(self) -> dict[str, ActionSpec]:

@@ -25,9 +25,9 @@ from typing import Callable
 import msgspec
 import numpy as np
 
-from state.decay import add, value_at
-from state.edge_columns import EdgeColumns
-from state.index import NO_PRIMITIVE, IndexBatch, TokenIndex, gen_prefix
+from hirflow.state.decay import add, value_at
+from hirflow.state.edge_columns import EdgeColumns
+from hirflow.state.index import NO_PRIMITIVE, IndexBatch, TokenIndex, gen_prefix
 
 _enc = msgspec.msgpack.Encoder().encode
 _dec = msgspec.msgpack.Decoder().decode

@@ -4,7 +4,7 @@ reads a read-only follower of the store.
 A worker's ingest and refresh threads share one interpreter lock, and pure-Python view
 sampling is a large part of a refresh: in the worker's own process it would hold that lock
 while another core stands idle. `ViewProcess` moves sampling
-to a child (`python -m state.view_source`) that follows the store as a RocksDB secondary
+to a child (`python -m hirflow.state.view_source`) that follows the store as a RocksDB secondary
 instance and catches up before each request, so it reads everything the worker committed
 before it asked. Both sources have the same `submit` / `result` interface: the refresh loop
 submits the next batch and encodes the current one while the child samples. A request may
@@ -41,10 +41,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from state.edge_columns import EdgeColumns
-from state.graph import GraphStore
-from state.schema import SchemaConfig
-from state.views import View, ViewConfig, ViewSampler
+from hirflow.state.edge_columns import EdgeColumns
+from hirflow.state.graph import GraphStore
+from hirflow.state.schema import SchemaConfig
+from hirflow.state.views import View, ViewConfig, ViewSampler
 
 NODE_FIELDS = ("types", "hop", "stats")
 EDGE_FIELDS = ("edge_src", "edge_dst", "edge_action", "edge_weight", "edge_age")
@@ -182,7 +182,7 @@ class ViewProcess:
             # works alone, and the threads of a pool spin or wait for each other whenever the
             # other core is busy
             env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-            self.proc = subprocess.Popen([sys.executable, "-m", "state.view_source", str(theirs.fileno())],
+            self.proc = subprocess.Popen([sys.executable, "-m", "hirflow.state.view_source", str(theirs.fileno())],
                                          pass_fds=(theirs.fileno(),), env=env)
         finally:
             theirs.close()

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from state.graph import GraphReader
-from state.node import IN, OUT, NodeState
-from state.schema import SchemaConfig
+from hirflow.state.graph import GraphReader
+from hirflow.state.node import IN, OUT, NodeState
+from hirflow.state.schema import SchemaConfig
 
 N_STATS = 6   # log1p(events), log1p(deg out), log1p(deg in), log1p(days since first seen),
               # log1p(days since last seen), frequent flag
@@ -99,7 +99,7 @@ class ViewSampler:
         self.reader = reader
         self.cfg = config
         self.rates = {a: s.decay_rate for a, s in schema.all_actions.items()}
-        self.type_index = {t: i for i, t in enumerate(schema.all_node_types)}
+        self.schema = schema
         self.action_index = schema.action_codes()
         self.rng = np.random.default_rng(seed)
         self._cache: OrderedDict[str, NodeState | None] = OrderedDict()
@@ -282,7 +282,7 @@ class ViewSampler:
         vals = [edges[k] for k in keys]
         return View(
             anchor=anchor, cutoff=cutoff, nodes=tuple(nodes),
-            types=np.array([self.type_index.get(n.partition(":")[0], 0) for n in nodes], np.int16),
+            types=np.array(self.schema.model_type_codes(nodes), np.int16),
             hop=np.array([min(hops.get(n, 0), 127) for n in nodes], np.int8),
             stats=np.array([info.stats for info in infos], np.float32).reshape(len(nodes), N_STATS),
             edge_src=np.array([k[0] for k in keys], np.int32),

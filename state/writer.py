@@ -5,6 +5,10 @@ per event cannot keep up. The writer keeps recently touched `NodeState`s in memo
 misses for a whole consumed batch with one multi-get, applies events to memory, and `commit`
 writes every changed record, the dirty markers and the consumed offsets in one WriteBatch.
 A crash before `commit` loses only memory: the consumer resumes after the stored offsets.
+
+The ingest thread and the entity agent both write through one writer and hold `lock` while
+they do; the refresh thread never touches the writer's records, only its `DirtyQueue`
+(`dirty`), which has its own lock.
 """
 from __future__ import annotations
 
@@ -14,9 +18,10 @@ import threading
 from collections import OrderedDict
 from typing import Iterable
 
-from state.events import Engagement, Entity
-from state.graph import GraphConfig, GraphStore
-from state.node import IN, OUT, NodeState
+from hirflow.state.dirty_queue import DirtyQueue
+from hirflow.state.events import Engagement, Entity
+from hirflow.state.graph import GraphConfig, GraphStore
+from hirflow.state.node import IN, OUT, NodeState
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +38,15 @@ class GraphWriter:
         self.rates = store.rates
         self.signs = {a: spec.sign for a, spec in store.schema.all_actions.items()}
         self._cache: OrderedDict[str, NodeState] = OrderedDict()
-        self._changed: dict[str, int] = {}   # node -> its oldest event since the last commit
-        self.dirty: dict[str, int] = store.reader.dirty()   # mirror of the dirty CF
-        self._dirty_new: dict[str, int] = {}
+        self._changed: set[str] = set()      # nodes changed since the last commit
+        self.dirty = DirtyQueue(store.reader.dirty())
         self.offsets: dict[tuple[str, int], int] = store.reader.offsets()
         self._offsets_new: dict[tuple[str, int], int] = {}
         self.reverse_marks: dict[tuple[int, int], int] = store.reader.reverse_marks()
         self._marks_new: dict[tuple[int, int], int] = {}
         self._entities_new: dict[str, Entity] = {}
         self._knowledge_new: dict = {}
-        self._entity_dirty_new: dict[str, int] = {}
-        self.lock = threading.RLock()   # the knowledge agent commits from another thread
-        self.committed = threading.Condition(self.lock)   # notified after each commit
+        self.lock = threading.RLock()   # held by the ingest thread and the entity agent
         self.evicted_edges = 0
 
     # -- engagements ----------------------------------------------------------------------
@@ -93,7 +95,12 @@ class GraphWriter:
         self.prefetch([n for (src, dst, _, _) in agg for n in (src, dst)])
         cache, limit = self._cache, self.config.top_k
         keep = self.config.top_k - self.config.trim_slack
-        touch = self._touch
+        touched: dict[str, int] = {}            # node -> its oldest event in this batch
+
+        def touch(node: str, ts: int) -> None:
+            old = touched.get(node)
+            if old is None or ts < old:
+                touched[node] = ts
         for (src, dst, action, sides), (w, tref, n, first, last) in agg.items():
             rate = rates[action]
             if sides & SRC_SIDE:
@@ -108,15 +115,8 @@ class GraphWriter:
                 if len(d.edges) > limit:
                     self.evicted_edges += d.trim(keep, rates)
                 touch(dst, first)
-
-    def _touch(self, node_id: str, ts: int) -> None:
-        p = self._changed.get(node_id)
-        if p is None or ts < p:
-            self._changed[node_id] = ts
-        old = self.dirty.get(node_id)
-        if old is None or ts < old:
-            self.dirty[node_id] = ts
-            self._dirty_new[node_id] = ts
+        self._changed.update(touched)
+        self.dirty.touch_many(touched)
 
     # -- entities -------------------------------------------------------------------------
     def upsert_entity(self, ent: Entity) -> bool:
@@ -126,12 +126,7 @@ class GraphWriter:
             if cur is not None and cur.ts > ent.ts:
                 return False
             self._entities_new[ent.node] = ent
-            old = self.dirty.get(ent.node)
-            if old is None or ent.ts < old:
-                self.dirty[ent.node] = ent.ts
-            # always written with the entity: a marker pending on the ingest side may never
-            # become durable if the worker dies first
-            self._entity_dirty_new[ent.node] = self.dirty[ent.node]
+            self.dirty.touch_entity(ent.node, ent.ts)
             return True
 
     def set_knowledge(self, node_id: str, vector) -> None:
@@ -144,11 +139,12 @@ class GraphWriter:
         offsets in one batch. It never writes the ingest path's pending node records: those
         become durable only together with the engagement offsets that produced them."""
         with self.lock:
-            self.store.commit(entities=self._entities_new.values(), knowledge=self._knowledge_new,
-                              dirty_put=self._entity_dirty_new, offsets=offsets)
+            self.dirty.commit_entities_with(lambda markers: self.store.commit(
+                entities=self._entities_new.values(), knowledge=self._knowledge_new,
+                dirty_put=markers, offsets=offsets))
             self.offsets.update(offsets)
             n = len(self._entities_new)
-            self._entities_new, self._knowledge_new, self._entity_dirty_new = {}, {}, {}
+            self._entities_new, self._knowledge_new = {}, {}
             return n
 
     # -- offsets --------------------------------------------------------------------------
@@ -175,60 +171,14 @@ class GraphWriter:
         reverse marks in one batch; returns records written. Entities: `commit_entities`."""
         with self.lock:
             changed = [self._cache[n] for n in self._changed]
-            self.store.commit(nodes=changed, dirty_put=self._dirty_new, offsets=self._offsets_new,
-                              reverse_marks=self._marks_new)
-            n = len(changed)
+            self.dirty.commit_with(lambda markers: self.store.commit(
+                nodes=changed, dirty_put=markers, offsets=self._offsets_new,
+                reverse_marks=self._marks_new))
             self._changed.clear()
-            self._dirty_new = {}
             self._offsets_new = {}
             self._marks_new = {}
             self._evict()
-            self.committed.notify_all()
-            return n
-
-    # -- dirty nodes for the refresh loop ---------------------------------------------------
-    def claim_dirty(self, limit: int) -> dict[str, int]:
-        """Take up to `limit` dirty nodes (oldest marker first in insertion order) with
-        durable events to refresh: the refresh reads committed state only, so a refresh never
-        encodes a state that a crash could still take back. A node changed since the last
-        commit whose marker is older than those changes is claimed for its durable part and
-        stays dirty, marked with its oldest uncommitted event, for the rest (a hub touched
-        between every two commits would otherwise wait until a commit window misses it); one
-        whose every pending event is uncommitted waits for the commit. A node touched again
-        after the claim is dirty again, so `settled` keeps its marker."""
-        with self.lock:
-            out: dict[str, int] = {}
-            again: dict[str, int] = {}
-            pending = self._changed
-            entities = self._entities_new
-            for n, ts in self.dirty.items():
-                if n in entities:
-                    continue
-                p = pending.get(n)
-                if p is not None:
-                    if ts >= p:
-                        continue
-                    again[n] = p
-                out[n] = ts
-                if len(out) >= limit:
-                    break
-            for n in out:
-                del self.dirty[n]
-            self.dirty.update(again)
-            return out
-
-    def settled(self, claimed: dict[str, int]) -> list[str]:
-        """Of the claimed nodes, those not dirtied again since: their durable markers may go.
-        Call with `lock` held and delete the markers in the same critical section."""
-        return [n for n in claimed if n not in self.dirty]
-
-    def unclaim(self, claimed: dict[str, int]) -> None:
-        """Give claimed nodes back (a refresh failed before it committed)."""
-        with self.lock:
-            for n, ts in claimed.items():
-                old = self.dirty.get(n)
-                if old is None or ts < old:
-                    self.dirty[n] = ts
+            return len(changed)
 
     def _evict(self) -> None:
         """Drop the least recently used clean records beyond the cache bound."""
@@ -249,12 +199,10 @@ class GraphWriter:
             for n in self._changed:
                 self._cache.pop(n, None)
             self._changed.clear()
-            self._dirty_new = {}
             self._offsets_new = {}
             self._marks_new = {}
             self._entities_new = {}
             self._knowledge_new = {}
-            self._entity_dirty_new = {}
-            self.dirty = self.store.reader.dirty()
+            self.dirty.reset(self.store.reader.dirty())
             self.offsets = self.store.reader.offsets()
             self.reverse_marks = self.store.reader.reverse_marks()

@@ -13,9 +13,9 @@ from pathlib import Path
 import faust
 import mode
 
-from streams import knowledge, web
-from streams.config import HirflowConfig
-from streams.runtime import WorkerRuntime
+from hirflow.streams import knowledge, web
+from hirflow.streams.config import HirflowConfig
+from hirflow.streams.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
-from state.config import ConfigError, as_dict
-from streams import config as config_mod
-from streams import logs
+from hirflow.state.config import ConfigError, as_dict
+from hirflow.streams import config as config_mod
+from hirflow.streams import logs
 
 log = logging.getLogger("hirflow")
 
@@ -84,7 +84,7 @@ def cli(ctx, config_file, sets, bootstrap, state_path, partitions, topic_prefix,
 @click.pass_obj
 def broker(obj: Ctx, port, host):
     """Run the embedded tansu broker in the foreground until Ctrl-C."""
-    from streams.broker import EmbeddedBroker
+    from hirflow.streams.broker import EmbeddedBroker
     obj.config()
     b = EmbeddedBroker(port=port, host=host).start()
     click.echo(f"embedded broker listening on {b.bootstrap} (in-memory storage; Ctrl-C stops)")
@@ -101,7 +101,7 @@ def topics():
 @click.pass_obj
 def topics_create(obj: Ctx):
     """Create every hirflow topic that is missing (idempotent)."""
-    from streams.topics import Topics, ensure_topics
+    from hirflow.streams.topics import Topics, ensure_topics
     cfg = obj.config()
     for name, status in ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix)).items():
         click.echo(f"{status:8} {name}")
@@ -121,9 +121,9 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
     hot swap of announced checkpoints, the query API, health and metrics."""
     import faust
 
-    from streams.app import build_app
-    from streams.runtime import WorkerRuntime
-    from streams.topics import Topics, ensure_topics
+    from hirflow.streams.app import build_app
+    from hirflow.streams.runtime import WorkerRuntime
+    from hirflow.streams.topics import Topics, ensure_topics
     cfg = obj.config(**{"worker.index": index, "worker.count": count, "worker.web_port": web_port,
                         "refresh.checkpoint": checkpoint})
     if create_topics:
@@ -149,9 +149,9 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
 @click.pass_obj
 def replay(obj: Ctx, path, fmt, rate, progress):
     """Produce the events of a file to hirflow.engagements / hirflow.entities."""
-    from state.events import Validator
-    from streams.adapters.online_retail import Rejects
-    from streams.replay import ReplayError, detect_format, produce, read_events
+    from hirflow.state.events import Validator
+    from hirflow.streams.adapters.online_retail import Rejects
+    from hirflow.streams.replay import ReplayError, detect_format, produce, read_events
     cfg = obj.config()
     rejects = Rejects()
     try:
@@ -183,7 +183,7 @@ def replay(obj: Ctx, path, fmt, rate, progress):
 @click.pass_obj
 def synth(obj: Ctx, out, do_produce, events, users, seed, start, span_days, locality, rate):
     """Generate the synthetic ads world with planted hierarchical interests."""
-    from streams.synth import SynthConfig, SynthWorld, write
+    from hirflow.streams.synth import SynthConfig, SynthWorld, write
     if not out and not do_produce:
         raise click.UsageError("give --out DIR, --produce, or both")
     cfg = obj.config()
@@ -194,7 +194,7 @@ def synth(obj: Ctx, out, do_produce, events, users, seed, start, span_days, loca
         paths = write(world, out)
         click.echo(json.dumps({k: str(v) for k, v in paths.items()}))
     if do_produce:
-        from streams.replay import produce
+        from hirflow.streams.replay import produce
         click.echo(json.dumps(produce(cfg, world.stream(), total=None, rate=rate)))
 
 
@@ -217,7 +217,7 @@ def _parse_start(start: str) -> int:
 @click.pass_obj
 def state_cmd(obj: Ctx, nodes, top):
     """Summarise the state store (stop the worker first: RocksDB allows one writer)."""
-    from state.graph import GraphStore
+    from hirflow.state.graph import GraphStore
     cfg = obj.config()
     with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
         r = store.reader
@@ -236,10 +236,10 @@ def state_cmd(obj: Ctx, nodes, top):
 def _data_loader(cfg, input_path, fmt, entities_path):
     """cutoff -> (engagements, entities) from a file (any format `hirflow replay` reads, plus
     an optional entities file) or from the Kafka topics, read to the cutoff."""
-    from state.events import Engagement, Validator
-    from streams.replay import detect_format, read_events
-    from streams.topics import Topics
-    from trainer.data import read_topic
+    from hirflow.state.events import Engagement, Validator
+    from hirflow.streams.replay import detect_format, read_events
+    from hirflow.streams.topics import Topics
+    from hirflow.trainer.data import read_topic
     validator = Validator(cfg.schema)
 
     def from_files(cutoff):
@@ -268,7 +268,7 @@ def _text_encode(enabled: bool):
     held = []
 
     def encode(texts):
-        from encoder.knowledge import KnowledgeModelMissing, TextEncoder
+        from hirflow.encoder.knowledge import KnowledgeModelMissing, TextEncoder
         if not held:
             try:
                 held.append(TextEncoder())
@@ -323,12 +323,12 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
           sample_workers, knowledge, announce, progress):
     """Train a checkpoint on the training window of the data (strict time cutoff), once or
     periodically (--every)."""
-    from encoder.checkpoint import CheckpointError, load as load_ckpt
-    from streams.topics import Topics
-    from trainer.publish import announce as do_announce
-    from trainer.resume import ResumeError
-    from trainer.runs import RunOptions, levels_from, parse_duration, run_every, run_once
-    from trainer.train import NonFiniteLoss, TrainConfig
+    from hirflow.encoder.checkpoint import CheckpointError, load as load_ckpt
+    from hirflow.streams.topics import Topics
+    from hirflow.trainer.publish import announce as do_announce
+    from hirflow.trainer.resume import ResumeError
+    from hirflow.trainer.runs import RunOptions, levels_from, parse_duration, run_every, run_once
+    from hirflow.trainer.train import NonFiniteLoss, TrainConfig
     cfg = obj.config()
     try:
         opts = RunOptions(train_share=train_share, window_s=parse_duration(window) if window else None,
@@ -392,9 +392,9 @@ def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, categ
     """Evaluate a checkpoint on the test window against baselines tuned on the validation
     window: Recall/NDCG of new items with confidence intervals, cold start, hierarchy;
     writes metrics.json and recall.png to --out."""
-    from trainer.baselines import QUICK, STANDARD
-    from trainer.data import chronological_windows, world_knowledge
-    from trainer.evaluate import category_labels as categories, evaluate as run_eval
+    from hirflow.trainer.baselines import QUICK, STANDARD
+    from hirflow.trainer.data import chronological_windows, world_knowledge
+    from hirflow.trainer.evaluate import category_labels as categories, evaluate as run_eval
     cfg = obj.config()
     evs, ents = _data_loader(cfg, input_path, fmt, entities_path)(2 ** 62)
     if not evs:
@@ -442,7 +442,7 @@ def subscribe(obj: Ctx, group, from_start, count, idle_stop, nodes):
     """Print token changes (JSON lines), deduplicated by (node, seq)."""
     import msgspec
 
-    from streams.subscribe import Subscriber
+    from hirflow.streams.subscribe import Subscriber
     cfg = obj.config()
     n = 0
     with Subscriber(cfg, group_id=group, from_start=from_start) as sub:
@@ -465,9 +465,9 @@ def subscribe(obj: Ctx, group, from_start, count, idle_stop, nodes):
 @click.pass_obj
 def export(obj: Ctx, out, fmt, nodes, types):
     """Write embeddings, BoM tokens and assignments of the serving index (worker stopped)."""
-    from state.graph import GraphStore
-    from state.index import TokenIndex
-    from streams.export import select, write
+    from hirflow.state.graph import GraphStore
+    from hirflow.state.index import TokenIndex
+    from hirflow.streams.export import select, write
     cfg = obj.config()
     fmt = fmt or {".jsonl": "jsonl", ".npz": "npz", ".parquet": "parquet"}.get(out.suffix)
     if fmt is None:
@@ -488,7 +488,7 @@ def export(obj: Ctx, out, fmt, nodes, types):
 def show_config(obj: Ctx, reference):
     """Print the effective config (after file, env and flags)."""
     if reference:
-        from streams.config_reference import render
+        from hirflow.streams.config_reference import render
         click.echo(render(), nl=False)
         return
     click.echo(json.dumps(as_dict(obj.config()), indent=2, default=str))
@@ -504,7 +504,7 @@ def show_config(obj: Ctx, reference):
 @click.pass_obj
 def demo(obj: Ctx, events, rate, duration, workdir):
     """The main job on the embedded default: broker, worker, a synthetic world streamed live."""
-    from streams.demo import run_demo
+    from hirflow.streams.demo import run_demo
     cfg = obj.config(**{"graph.path": str(workdir / "state")})
     sys.exit(run_demo(cfg, workdir, events=events, rate=rate, duration=duration,
                       log_level=obj.log_level or "WARNING"))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from confluent_kafka import Consumer, Producer
 
-from streams.config import KafkaConfig
+from hirflow.streams.config import KafkaConfig
 
 
 def producer(cfg: KafkaConfig, **extra) -> Producer:

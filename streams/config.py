@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from state.config import load_config
-from state.graph import GraphConfig
-from state.schema import SchemaConfig
+from hirflow.state.config import load_config
+from hirflow.state.graph import GraphConfig
+from hirflow.state.schema import SchemaConfig
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import json
 import re
 import typing
 
-from state.config import ENV_PREFIX
-from state.schema import ActionSpec
-from streams.config import HirflowConfig
+from hirflow.state.config import ENV_PREFIX
+from hirflow.state.schema import ActionSpec
+from hirflow.streams.config import HirflowConfig
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=#]+(?:=[^#]*)?(?:#\s*(.*))?$")
 _COMMENT = re.compile(r"^\s+#\s?(.*)$")
@@ -41,7 +41,7 @@ def field_comments(cls: type) -> dict[str, str]:
 
 def _type_name(tp) -> str:
     s = str(tp) if typing.get_origin(tp) else getattr(tp, "__name__", str(tp))
-    return s.replace("typing.", "").replace("state.schema.", "")
+    return s.replace("typing.", "").replace("hirflow.state.schema.", "")
 
 
 def _default(value) -> str:

@@ -11,8 +11,8 @@ import time
 
 from confluent_kafka import Message, Producer
 
-from streams.clients import produce_blocking
-from streams.metrics import EVENTS_DEAD
+from hirflow.streams.clients import produce_blocking
+from hirflow.streams.metrics import EVENTS_DEAD
 
 log = logging.getLogger(__name__)
 

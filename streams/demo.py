@@ -13,25 +13,21 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
-import os
-import re
 import shutil
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from streams.broker import EmbeddedBroker, free_port
-from streams.config import HirflowConfig
-from streams.demo_report import get_json, learned, plot_freshness, print_examples, print_learned
-from streams.freshness_watch import FreshnessWatch
-from streams.replay import produce
-from streams.synth import SynthConfig, SynthWorld
-from streams.topics import Topics, ensure_topics
+from hirflow.streams.broker import EmbeddedBroker
+from hirflow.streams.config import HirflowConfig
+from hirflow.streams.demo_report import get_json, learned, plot_freshness, print_examples, print_learned
+from hirflow.streams.freshness_watch import FreshnessWatch
+from hirflow.streams.replay import produce
+from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.topics import Topics, ensure_topics
+from hirflow.streams.worker_process import WorkerProcess, scrape, wait_http
 
 # linger of the producer that streams the synthetic world: each linger window stores one more
 # batch per partition in the embedded broker, which lists them all at every fetch, and at 5 ms
@@ -55,30 +51,6 @@ SUMMARY_WINDOW_S = 60.0
 log = logging.getLogger(__name__)
 
 
-def scrape(url: str) -> dict[str, float]:
-    """Sum each metric family over its labels from a Prometheus text page."""
-    out: dict[str, float] = {}
-    with urllib.request.urlopen(url, timeout=2) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEnaNIf]+)", line)
-            if m:
-                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-    return out
-
-
-def wait_http(url: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return True
-        except Exception:
-            time.sleep(0.3)
-    return False
-
-
 def stamped_now(items):
     """Event time = the moment it is produced, so freshness reads as wall-clock latency."""
     import msgspec
@@ -89,7 +61,7 @@ def stamped_now(items):
 
 def _subscribe(cfg: HirflowConfig, watch: FreshnessWatch, done: threading.Event) -> None:
     """Freshness as a subscriber sees it: receive time - oldest event time, per change."""
-    from streams.subscribe import Subscriber
+    from hirflow.streams.subscribe import Subscriber
     with Subscriber(cfg, group_id="hirflow-demo", from_start=False) as sub:
         while not done.is_set():
             watch.received(sub.poll(0.005))   # short: a consume call waits out its timeout
@@ -109,18 +81,18 @@ def _train_first(cfg: HirflowConfig, synth: SynthConfig, workdir: Path, produced
     announce it, and report progress on the `status` pipe as (kind, text) pairs. A process,
     not a thread: the demo's producer and subscriber threads hold the parent's interpreter
     lock most of the time, so a training thread would be starved."""
-    from encoder.model import EncoderConfig
-    from state.events import Engagement, Entity
-    from trainer.data import world_knowledge
-    from trainer.publish import announce
-    from trainer.train import TrainConfig, train
+    from hirflow.encoder.model import EncoderConfig
+    from hirflow.state.events import Engagement, Entity
+    from hirflow.trainer.data import world_knowledge
+    from hirflow.trainer.publish import announce
+    from hirflow.trainer.train import TrainConfig, train
     try:
         items = list(itertools.islice(SynthWorld(synth).stream(), produced))
         cut_ms = max(e.ts for e in items)
         evs = [e for e in items if isinstance(e, Engagement)]
         texts = None
         if cfg.worker.knowledge:                  # train on what the worker serves with
-            from encoder.knowledge import TextEncoder
+            from hirflow.encoder.knowledge import TextEncoder
             status.send(("status", "encoding entity texts for training"))
             texts = world_knowledge([e for e in items if isinstance(e, Entity)], cut_ms,
                                     TextEncoder().encode) or None
@@ -228,20 +200,16 @@ def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     with EmbeddedBroker(log_path=str(workdir / "broker.log")) as broker:
-        port = free_port()
-        env = {**os.environ, "HIRFLOW_KAFKA__BOOTSTRAP": broker.bootstrap,
-               "HIRFLOW_KAFKA__PARTITIONS": str(EMBEDDED_PARTITIONS),
-               "HIRFLOW_GRAPH__PATH": str(workdir / "state"), "HIRFLOW_WORKER__WEB_PORT": str(port)}
         cfg = replace(cfg, kafka=replace(cfg.kafka, bootstrap=broker.bootstrap,
-                                         partitions=EMBEDDED_PARTITIONS))
+                                         partitions=EMBEDDED_PARTITIONS),
+                      graph=replace(cfg.graph, path=str(workdir / "state")))
         ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
-        wlog = open(workdir / "worker.log", "wb")
-        worker = subprocess.Popen([sys.executable, "-m", "streams.cli", "--log-level", log_level,
-                                   "worker"], env=env, stdout=wlog, stderr=subprocess.STDOUT)
+        worker = WorkerProcess(cfg, workdir / "worker.log", log_level=log_level).start()
+        port = worker.port
         metrics = f"http://127.0.0.1:{port}/metrics"
         first: FirstCheckpoint | None = None
         try:
-            print(f"broker {broker.bootstrap} | worker pid {worker.pid} | metrics {metrics}")
+            print(f"broker {broker.bootstrap} | worker pid {worker.proc.pid} | metrics {metrics}")
             if not wait_http(metrics, 60):
                 print(f"worker did not come up; see {workdir / 'worker.log'}")
                 return 1
@@ -264,8 +232,8 @@ def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
             while not done.is_set() and (duration is None or time.monotonic() - t0 < duration):
                 time.sleep(2)
                 first.poll()
-                if worker.poll() is not None:
-                    print(f"worker exited with {worker.returncode}; see {workdir / 'worker.log'}")
+                if worker.proc.poll() is not None:
+                    print(f"worker exited with {worker.proc.returncode}; see {workdir / 'worker.log'}")
                     return 1
                 try:
                     m = scrape(metrics)
@@ -292,7 +260,3 @@ def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
             if first is not None:
                 first.stop()
             worker.terminate()
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()

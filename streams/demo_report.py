@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streams.freshness_watch import FreshnessWatch
-from streams.synth import SynthWorld, interest_words
+from hirflow.streams.freshness_watch import FreshnessWatch
+from hirflow.streams.synth import SynthWorld, interest_words
 
 
 def get_json(api: str, path: str, timeout: float = 5.0) -> dict | None:

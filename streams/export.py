@@ -12,14 +12,15 @@ from typing import Iterable
 
 import numpy as np
 
-from state.index import TokenIndex
+from hirflow.state.index import TokenIndex
+from hirflow.state.schema import node_type
 
 
 def select(index: TokenIndex, nodes: Iterable[str] = (), types: Iterable[str] = ()):
     gen, model, _ = index.active()
     nodes, types = list(nodes), set(types)
     recs = (r for r in index.records(gen, nodes) if r is not None) if nodes else index.iter_records(gen)
-    return model, [r for r in recs if not types or r.node.partition(":")[0] in types]
+    return model, [r for r in recs if not types or node_type(r.node) in types]
 
 
 def write(path: Path, fmt: str, model: str | None, recs) -> int:

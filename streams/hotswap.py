@@ -15,10 +15,10 @@ import uuid
 
 import msgpack
 
-from streams import clients
-from streams.config import HirflowConfig
-from streams.deadletter import DeadLetters
-from streams.topics import Topics
+from hirflow.streams import clients
+from hirflow.streams.config import HirflowConfig
+from hirflow.streams.deadletter import DeadLetters
+from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
 

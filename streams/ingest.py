@@ -18,14 +18,14 @@ import time
 import msgpack
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from state.events import Engagement, EventError, Validator
-from state.writer import BOTH_SIDES, DST_SIDE, SRC_SIDE, GraphWriter
-from streams import clients
-from streams.config import HirflowConfig
-from streams.deadletter import DeadLetters
-from streams.metrics import (BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
+from hirflow.state.events import Engagement, EventError, Validator
+from hirflow.state.writer import BOTH_SIDES, DST_SIDE, SRC_SIDE, GraphWriter
+from hirflow.streams import clients
+from hirflow.streams.config import HirflowConfig
+from hirflow.streams.deadletter import DeadLetters
+from hirflow.streams.metrics import (BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
                              EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, REVERSE_SENT)
-from streams.topics import Topics
+from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
 

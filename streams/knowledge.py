@@ -13,7 +13,7 @@ import logging
 
 import faust
 
-from streams.runtime import WorkerRuntime
+from hirflow.streams.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 

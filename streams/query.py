@@ -1,15 +1,17 @@
 """The query API's logic, independent of the web framework: parameters in, JSON-able out.
 
-Answers come from the refresh loop's serving generation (`MemoryIndex`) and the super-graph
-in RocksDB. Bad parameters raise `QueryError` with a 4xx status and a message that says
+Answers come from the refresh loop's serving snapshot (one generation: its model and its
+`MemoryIndex`, taken once per request so a hot swap cannot split an answer) and the
+super-graph in RocksDB. Bad parameters raise `QueryError` with a 4xx status and a message that says
 what is wrong; nothing a caller sends may produce a 500.
 """
 from __future__ import annotations
 
 import time
-from typing import Mapping
+from typing import Callable, Iterable, Mapping
 
-from streams.refresh import RefreshLoop
+from hirflow.state.supergraph import SuperGraph
+from hirflow.streams.serving_snapshot import ServingSnapshot
 
 MAX_K = 1000
 
@@ -36,9 +38,17 @@ def _int(params: Mapping[str, str], name: str, default: int | None, lo: int, hi:
 
 
 class QueryService:
-    def __init__(self, refresh: RefreshLoop) -> None:
-        self.refresh = refresh
-        self.types = set(refresh.types)
+    """Read-only: `serving` returns the current snapshot, `status` the worker's status."""
+
+    def __init__(self, serving: Callable[[], ServingSnapshot], supergraph: SuperGraph,
+                 types: Iterable[str], status: Callable[[], dict]) -> None:
+        self.serving, self.supergraph, self._status = serving, supergraph, status
+        self.types = set(types)
+
+    @classmethod
+    def of(cls, refresh) -> "QueryService":
+        """The query service of a `RefreshLoop`."""
+        return cls(lambda: refresh.serving, refresh.supergraph, refresh.types, refresh.status)
 
     # -- parameter helpers ----------------------------------------------------------------
     def _types(self, params) -> list[str] | None:
@@ -60,13 +70,14 @@ class QueryService:
             raise QueryError(400, f"{name} must be 'type:key' with a known type, got {node!r}")
         return node
 
-    def _level(self, params) -> int:
-        return _int(params, "level", None, 0, self.refresh.active.levels - 1)
+    @staticmethod
+    def _level(params, snap: ServingSnapshot) -> int:
+        return _int(params, "level", None, 0, snap.model.levels - 1)
 
     # -- endpoints ------------------------------------------------------------------------
     def node(self, node: str) -> dict:
         self._node({"node": node})
-        mem = self.refresh.memory
+        mem = self.serving().memory
         out = mem.get(node)
         if out is None:
             raise QueryError(404, f"{node} is not in the index (unknown, or not refreshed yet)")
@@ -78,7 +89,7 @@ class QueryService:
         k = _int(params, "k", 50, 1, MAX_K)
         probes = _int(params, "probes", 48, 0, 4096)
         types = self._types(params) or ["ad", "product"]
-        mem = self.refresh.memory
+        mem = self.serving().memory
         t0 = time.perf_counter()
         # reads the user's row under the index lock: a compaction reorders rows
         hits = mem.similar(user, k, types, probes=probes)
@@ -92,21 +103,22 @@ class QueryService:
         node = self._node(params)
         k = _int(params, "k", 20, 1, MAX_K)
         probes = _int(params, "probes", 48, 0, 4096)
-        hits = self.refresh.memory.similar(node, k, self._types(params), probes=probes)
+        hits = self.serving().memory.similar(node, k, self._types(params), probes=probes)
         if hits is None:
             raise QueryError(404, f"{node} is not in the index")
         return {"node": node, "results": [{"node": n, "score": round(s, 6)} for n, s in hits]}
 
     def primitive(self, level: str, prim: str, params) -> dict:
-        lv = _int({"level": level}, "level", None, 0, self.refresh.active.levels - 1)
-        mem = self.refresh.memory
+        snap = self.serving()
+        lv = _int({"level": level}, "level", None, 0, snap.model.levels - 1)
+        mem = snap.memory
         if mem.prototypes is None:
             raise QueryError(409, "no checkpoint is serving yet: primitives do not exist (cold start)")
         p = _int({"prim": prim}, "prim", None, 0, len(mem.prototypes[lv]) - 1)
         k = _int(params, "k", 20, 1, MAX_K)
         t = int(time.time() * 1000)
         members = mem.members(lv, p, k, self._types(params))
-        related = self.refresh.supergraph.related(mem.gen, lv, p, t, k)
+        related = self.supergraph.related(mem.gen, lv, p, t, k)
         return {"level": lv, "primitive": p, "model": mem.model,
                 "members": [{"node": n, "cosine": round(s, 6)} for n, s in members],
                 "related": [{"primitive": q, "weight": round(w, 6)} for q, w in related]}
@@ -115,15 +127,16 @@ class QueryService:
         """How close a node (user or ad) is to a primitive: cosine to its prototype, the
         decayed weight of its edges into the primitive, and whether it is assigned there."""
         node = self._node(params)
-        lv = self._level(params)
-        mem = self.refresh.memory
+        snap = self.serving()
+        lv = self._level(params, snap)
+        mem = snap.memory
         if mem.prototypes is None:
             raise QueryError(409, "no checkpoint is serving yet: primitives do not exist (cold start)")
         p = _int(params, "prim", None, 0, len(mem.prototypes[lv]) - 1)
         rec = mem.get(node)                  # one consistent row (a compaction reorders rows)
         if rec is None:
             raise QueryError(404, f"{node} is not in the index")
-        weights = self.refresh.supergraph.node_primitives(mem.gen, node, lv, int(time.time() * 1000))
+        weights = self.supergraph.node_primitives(mem.gen, node, lv, int(time.time() * 1000))
         total = sum(abs(w) for w in weights.values())
         cos = mem.prototype_cosine(node, lv, p)
         if cos is None:
@@ -134,4 +147,4 @@ class QueryService:
                 "behaviour_share": round(abs(weights.get(p, 0.0)) / total, 6) if total else 0.0}
 
     def status(self) -> dict:
-        return self.refresh.status()
+        return self._status()

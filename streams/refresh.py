@@ -2,6 +2,11 @@
 -> token changes on `hirflow.token-changes`. Also runs hot swaps (`streams.hotswap` hands
 it announcements), so every index write comes from this one thread and none can race.
 
+This module is the orchestrator; its parts each own one job: `GenerationWriter` (encode and
+stage records), `TokenOutbox` (produce and confirm token changes), `NeighborQueue`
+(neighbours to refresh within a rate budget), `HotSwapBuild` (build, switch, announce) and
+`ServingSnapshot` (what queries read).
+
 Views are sampled a batch ahead, by default in a child process on a follower of the store
 (`state.view_source`, `refresh.sample_process`): while this thread encodes and writes batch
 k, the child samples batch k+1, which was claimed when k's views arrived, and packs it for
@@ -23,31 +28,30 @@ again by the batch being sampled ahead keeps its marker until that batch commits
 """
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from encoder.checkpoint import CheckpointError
-from encoder.serving import ServingModel, default_device, set_cpu_threads
-from state.edge_columns import EdgeColumns
-from state.graph import GraphStore
-from state.index import (ACTIVE_KEY, ANNOUNCE_PASS_KEY, BUILDING_KEY, IndexRecord, TokenIndex,
-                         delete_outbox)
-from state.memindex import MemoryIndex
-from state.supergraph import SuperGraph
-from state.view_source import LocalViews, Sampled, ViewProcess
-from state.views import STUDENT
-from state.writer import GraphWriter
-from streams import changes, clients
-from streams.config import HirflowConfig
-from streams.metrics import (CHECKPOINTS_REFUSED, FRESHNESS, INDEX_GENERATION, INDEX_NODES,
-                             INDEX_SWITCHES, MODEL_INFO, NEIGHBOR_BACKLOG, NODES_REFRESHED,
-                             REFRESH_BATCH, REFRESH_SECONDS, SWAP_PROGRESS, TOKEN_CHANGES,
-                             VIEW_SAMPLE_SECONDS, VIEW_WAIT_SECONDS)
-from streams.topics import Topics
+from hirflow.encoder.checkpoint import CheckpointError
+from hirflow.encoder.serving import ServingModel, default_device, set_cpu_threads
+from hirflow.state.graph import GraphStore
+from hirflow.state.index import ACTIVE_KEY, TokenIndex
+from hirflow.state.supergraph import SuperGraph
+from hirflow.state.view_source import LocalViews, Sampled, ViewProcess
+from hirflow.state.views import STUDENT
+from hirflow.state.writer import GraphWriter
+from hirflow.streams import clients
+from hirflow.streams.config import HirflowConfig
+from hirflow.streams.generation_writer import GenerationWriter
+from hirflow.streams.hot_swap_build import HotSwapBuild
+from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_GENERATION, INDEX_NODES, MODEL_INFO,
+                                     NODES_REFRESHED, REFRESH_BATCH, REFRESH_SECONDS, SWAP_PROGRESS,
+                                     VIEW_SAMPLE_SECONDS, VIEW_WAIT_SECONDS)
+from hirflow.streams.neighbor_queue import NeighborQueue
+from hirflow.streams.serving_snapshot import ServingSnapshot, empty_memory
+from hirflow.streams.token_outbox import TokenOutbox
+from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +69,6 @@ class _Batch:
     ticket: int
 
 
-@dataclass
-class _Build:
-    """A generation being built for a new checkpoint."""
-    gen: int
-    model: ServingModel
-    memory: MemoryIndex
-    todo: list[str]
-    done: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-
 class RefreshLoop:
     def __init__(self, cfg: HirflowConfig, store: GraphStore, writer: GraphWriter,
                  topics: Topics, producer=None) -> None:
@@ -87,30 +80,26 @@ class RefreshLoop:
         self.device = default_device() if self.rcfg.device == "auto" else self.rcfg.device
         if str(self.device) == "cpu":
             set_cpu_threads(self.rcfg.cpu_threads)
-        self.producer = producer or clients.producer(cfg.kafka, **{"linger.ms": 1})
-        self._delivery_errors: list[str] = []
-        self._unacked: list[bytes] = []          # outbox keys produced, acks not yet checked
-        self.swap_requests: deque[dict] = deque()
-        self._neighbors: OrderedDict[str, int] = OrderedDict()
-        self._budget, self._budget_t = 0.0, time.monotonic()
-        self._swap_budget, self._swap_t = 0.0, time.monotonic()
-        self.building: _Build | None = None
-        self._announce: list[str] | None = None
+        self.outbox = TokenOutbox(self.index, store.keys,
+                                  producer or clients.producer(cfg.kafka, **{"linger.ms": 1}),
+                                  topics.token_changes)
+        self.neighbors = NeighborQueue(self.rcfg.neighbors_per_node, self.rcfg.neighbor_rate)
+        self.generations = GenerationWriter(self.index, self.supergraph)
+        view_source = ViewProcess if self.rcfg.sample_process else LocalViews
+        self.views = view_source(store, cfg.schema, STUDENT, self.rcfg.seed)
+        self.swap = HotSwapBuild(self.rcfg, store, self.index, self.supergraph, self.views,
+                                 self.generations, self.outbox, self._load, self.types)
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.last_beat = time.monotonic()
         self.refreshed = 0
         self._thread: threading.Thread | None = None
         self._ahead: _Batch | None = None
-        self._open()
-        if self.rcfg.sample_process:
-            self.views = ViewProcess(store, cfg.schema, STUDENT, self.rcfg.seed)
-        else:
-            self.views = LocalViews(store, cfg.schema, STUDENT, self.rcfg.seed)
+        self.serving = self._open()
 
     # -- start-up -------------------------------------------------------------------------
-    def _open(self) -> None:
-        gen, model_id, path = self.index.active()
+    def _open(self) -> ServingSnapshot:
+        gen, _, path = self.index.active()
         model = None
         if path:
             model = self._load(path)
@@ -120,22 +109,17 @@ class RefreshLoop:
                 b = self.index.batch()
                 b.set_meta(ACTIVE_KEY, [gen, model.id, model.path])
                 b.commit()
-        self.active = model or ServingModel.cold_start(self.types)
-        self.gen = gen
-        self.memory = self._memory_for(gen, self.active)
+        model = model or ServingModel.cold_start(self.types)
+        memory = empty_memory(gen, model, self.types)
         for rec in self.index.iter_records(gen):
-            self.memory.upsert(rec.node, rec.emb, rec.tokens, rec.assign, rec.seq)
-        self.memory.compact()
-        building = self.index.building()
-        if building is not None:                       # a swap was cut short: start it over
-            log.info("resuming the hot swap to %s (generation %d) from the start", building[1], building[0])
-            self.swap_requests.append({"id": building[1], "path": building[2]})
-        pending = self.index.announce_pending()
-        if pending is not None and pending == self.gen:
-            self._announce = list(self.memory.ids)
-        self._resend_outbox()
-        self._gauges()
-        log.info("serving %s (generation %d, %d nodes)", self.active.id, self.gen, len(self.memory))
+            memory.upsert(rec.node, rec.emb, rec.tokens, rec.assign, rec.seq)
+        memory.compact()
+        serving = ServingSnapshot(gen, model, memory)
+        self.swap.resume(serving)
+        self.outbox.resend_pending()
+        self._gauges(serving)
+        log.info("serving %s (generation %d, %d nodes)", model.id, gen, len(memory))
+        return serving
 
     def _load(self, path: str) -> ServingModel | None:
         try:
@@ -145,17 +129,26 @@ class RefreshLoop:
             log.error("refusing checkpoint %s: %s; keeping the model in use", path, exc)
             return None
 
-    def _memory_for(self, gen: int, model: ServingModel) -> MemoryIndex:
-        return MemoryIndex(gen, model.id, model.d, model.m, model.levels, self.types,
-                           nbits=model.nbits, codebooks=model.codebooks,
-                           prototypes=model.prototypes(), centres=model.type_centres())
+    # -- what other threads read ----------------------------------------------------------
+    @property
+    def active(self) -> ServingModel:
+        return self.serving.model
 
-    def _resend_outbox(self) -> None:
-        pending = list(self.index.outbox())
-        if pending:
-            log.info("re-sending %d token changes that were not acknowledged before a restart", len(pending))
-            self._send([(k, v, None) for k, v in pending])
-            self._confirm_sent()
+    @property
+    def gen(self) -> int:
+        return self.serving.gen
+
+    @property
+    def memory(self):
+        return self.serving.memory
+
+    @property
+    def building(self):
+        return self.swap.building
+
+    def request_swap(self, announcement: dict) -> None:
+        """Called by the checkpoint watcher (another thread); acted on by this loop."""
+        self.swap.request(announcement)
 
     # -- the loop -------------------------------------------------------------------------
     def start(self) -> None:
@@ -178,17 +171,16 @@ class RefreshLoop:
             self._thread.join(timeout)
         self._give_back_ahead()
         try:
-            self._confirm_sent()
+            self.outbox.confirm()
         except RuntimeError as exc:
             log.warning("%s; they are sent again on restart", exc)
         self.views.close()
 
     @property
     def idle(self) -> bool:
-        """Nothing dirty, queued, sampled ahead or being swapped."""
-        return not self.writer.dirty and not self._neighbors and self._ahead is None \
-            and self.building is None and not self._announce and not self.swap_requests \
-            and not self._unacked
+        """Nothing dirty, queued, sampled ahead, swapping or waiting for acks."""
+        return not self.writer.dirty and not len(self.neighbors) and self._ahead is None \
+            and not self.swap.busy and not self.outbox.unacknowledged
 
     def run_once(self) -> int:
         """One micro-batch of dirty nodes (+ budgeted neighbours), then a slice of swap work.
@@ -203,36 +195,31 @@ class RefreshLoop:
                 self._ahead = self._next_batch(wait=False)   # sampled while `cur` encodes
                 self.refresh(cur.nodes, cur.claimed, sampled)
             except BaseException:
-                self.writer.unclaim(cur.claimed)
+                self.writer.dirty.unclaim(cur.claimed)
                 self._give_back_ahead()
                 raise
             done = len(cur.nodes)
         else:
-            self._confirm_sent()
-        if self.swap_requests and self.building is None:
-            self._start_swap(self.swap_requests.pop())
-            self.swap_requests.clear()
-        if self.building is not None:
-            self._build_step()
-        elif self._announce:
-            self._announce_step()
+            self.outbox.confirm()
+        switched = self.swap.step(self.serving)
+        if switched is not None:
+            self.serving = switched                  # one assignment: readers see old or new
+            self._gauges(switched)
         return done
 
     def _next_batch(self, wait: bool) -> _Batch | None:
         """Claim dirty nodes (+ budgeted neighbours) and submit them for sampling; `wait`:
         when there is no work at all, wait up to `batch_wait_ms` for the next ingest commit."""
-        claimed = self.writer.claim_dirty(self.rcfg.batch_max)
-        if wait and not claimed and not self._neighbors and self.building is None \
-                and not self._announce and not self.swap_requests:
-            with self.writer.committed:                # wait for the next ingest commit
-                self.writer.committed.wait(self.rcfg.batch_wait_ms / 1000)
-            claimed = self.writer.claim_dirty(self.rcfg.batch_max)
+        dirty = self.writer.dirty
+        claimed = dirty.claim(self.rcfg.batch_max)
+        if wait and not claimed and not len(self.neighbors) and not self.swap.busy:
+            dirty.wait_for_commit(self.rcfg.batch_wait_ms / 1000)
+            claimed = dirty.claim(self.rcfg.batch_max)
         nodes = dict(claimed)
-        for n in claimed:             # refreshed now anyway: its neighbour request is served
-            self._neighbors.pop(n, None)   # too; the change carries the node's own event time
+        self.neighbors.served(claimed)
         # neighbours never fill a batch: the endpoints that arrive while it runs wait for it
         room = min(self.rcfg.batch_max - len(nodes), self.rcfg.neighbor_batch_max)
-        for n, ts in self._take_neighbors(room):
+        for n, ts in self.neighbors.take(room):
             nodes.setdefault(n, ts)
         if not nodes:
             return None
@@ -240,7 +227,7 @@ class RefreshLoop:
 
     def _give_back_ahead(self) -> None:
         if self._ahead is not None:
-            self.writer.unclaim(self._ahead.claimed)
+            self.writer.dirty.unclaim(self._ahead.claimed)
             self._ahead = None
 
     # -- refresh --------------------------------------------------------------------------
@@ -250,264 +237,48 @@ class RefreshLoop:
         dirty markers of `claimed` nodes not dirtied again meanwhile go in the same batch."""
         t0 = time.perf_counter()
         ids = list(nodes)
-        sampled = sampled or self.views.sample(ids, now_ms(), self.active.packer)
+        serving, build = self.serving, self.swap.building
+        sampled = sampled or self.views.sample(ids, now_ms(), serving.model.packer)
         VIEW_SAMPLE_SECONDS.observe(sampled.seconds)
         ts = now_ms()
         batch = self.index.batch()
-        out = self._write(batch, self.gen, self.active, self.memory, ids, sampled,
-                          nodes, ts, publish=True)
-        build = self.building
+        out = self.generations.stage(batch, serving.gen, serving.model, serving.memory, ids,
+                                     sampled, nodes, ts, publish=True)
         built = None
-        if build is not None:
-            built = self._write(batch, build.gen, build.model, build.memory, ids, sampled,
-                                nodes, ts, publish=False)
+        if build is not None:          # a swap is building: its generation stays current too
+            built = self.generations.stage(batch, build.gen, build.model, build.memory, ids,
+                                           sampled, nodes, ts, publish=False)
         ahead = self._ahead.claimed if self._ahead is not None else {}
-        with self.writer.lock:
-            batch.clear_dirty([n for n in self.writer.settled(claimed) if n not in ahead])
+
+        def commit(settled: list[str]) -> None:
+            batch.clear_dirty(settled)
             batch.commit()
-        self._apply_memory(out, self.memory)
+        self.writer.dirty.clear_settled(claimed, ahead, commit)
+        self.generations.apply(out, serving.memory)
         if build is not None:
-            self._apply_memory(built, build.memory)
+            self.generations.apply(built, build.memory)
         moved = [i for i, (_, change) in enumerate(out) if change is not None]
-        self._queue_neighbors(moved, sampled.edges, nodes)
-        self._send([(self._outbox_key(c), changes.encode(c), c) for _, c in out if c is not None])
+        self.neighbors.queue(moved, sampled.edges, nodes,
+                             self._ahead.nodes if self._ahead is not None else {})
+        self.outbox.send([c for _, c in out if c is not None])
         self.refreshed += len(ids)
         NODES_REFRESHED.labels("dirty").inc(len(claimed))
         NODES_REFRESHED.labels("neighbor").inc(len(ids) - len(claimed))
         REFRESH_BATCH.observe(len(ids))
         REFRESH_SECONDS.observe(time.perf_counter() - t0)
-        self._gauges()
-
-    def _write(self, batch, gen, model: ServingModel, memory: MemoryIndex, ids,
-               sampled: Sampled, event_ts, ts, publish: bool):
-        """Encode with `model` and put records (+ changes when `publish`) into `batch`."""
-        if sampled.edges is None or sampled.edges.nodes != tuple(ids):
-            raise RuntimeError("the sampled adjacencies are not those of the batch's nodes")
-        emb, assign, tokens = model.encode(sampled.views, sampled.knowledge, sampled.prepared)
-        olds = self.index.records(gen, ids)
-        pubs = self.index.published(ids) if publish else [None] * len(ids)
-        out = []
-        for i, n in enumerate(ids):
-            old, pub = olds[i], pubs[i]
-            seq = pub[0] if pub is not None else (old.seq if old is not None else 0)
-            change = None
-            if publish:
-                change = changes.diff(n, model.id, seq + 1, tokens[i], assign[i], pub,
-                                      event_ts[n], ts)
-                if change is not None:
-                    seq += 1
-                    batch.publish(n, seq, model.id, change.tokens, change.assign, changes.encode(change))
-            rec = IndexRecord(n, model.id, seq, emb[i], tuple(int(t) for t in tokens[i]),
-                              tuple(int(a) for a in assign[i]), event_ts[n], ts)
-            batch.put_record(gen, rec, old)
-            out.append((rec, change))
-        if model.encoder is not None:                  # primitives exist only with a checkpoint
-            mine = {rec.node: rec.assign for rec, _ in out}
-
-            def assignments(names: list[str]):
-                """Each neighbour's: this batch's own, else the index's (one gather)."""
-                a = memory.assignments(names)
-                for j, n in enumerate(names):
-                    if (own := mine.get(n)) is not None:
-                        a[j] = own
-                return a
-            self.supergraph.update(batch, gen, sampled.edges, assign, assignments)
-        return out
-
-    @staticmethod
-    def _apply_memory(out, memory: MemoryIndex) -> None:
-        for rec, _ in out:
-            memory.upsert(rec.node, rec.emb, rec.tokens, rec.assign, rec.seq)
-
-    def _outbox_key(self, c: changes.TokenChange) -> bytes:
-        return self.store.keys.key(c.node) + c.seq.to_bytes(8, "big")
-
-    # -- neighbours within a rate budget --------------------------------------------------
-    def _queue_neighbors(self, moved: list[int], edges: EdgeColumns, event_ts) -> None:
-        """Queue the heaviest neighbours of nodes whose tokens moved (their indices in
-        `edges`). Nodes of this batch and of the one sampled ahead are skipped: their views
-        were sampled after the event, so they already see it."""
-        k = self.rcfg.neighbors_per_node
-        if not k or not self.rcfg.neighbor_rate:
-            return
-        ahead = self._ahead.nodes if self._ahead is not None else {}
-        for i in moved:
-            n = edges.nodes[i]
-            for nbr in edges.heaviest(i, k):
-                if nbr not in self._neighbors and nbr not in event_ts and nbr not in ahead:
-                    self._neighbors[nbr] = event_ts[n]
-        while len(self._neighbors) > 100_000:          # bounded: oldest requests go first
-            self._neighbors.popitem(last=False)
-        NEIGHBOR_BACKLOG.set(len(self._neighbors))
-
-    def _take_neighbors(self, room: int) -> list[tuple[str, int]]:
-        t = time.monotonic()
-        rate = self.rcfg.neighbor_rate
-        self._budget = min(rate, self._budget + (t - self._budget_t) * rate)   # 1 s burst
-        self._budget_t = t
-        take = min(room, int(self._budget), len(self._neighbors))
-        out = [self._neighbors.popitem(last=False) for _ in range(max(0, take))]
-        self._budget -= len(out)
-        NEIGHBOR_BACKLOG.set(len(self._neighbors))
-        return out
-
-    # -- emitting -------------------------------------------------------------------------
-    def _on_delivery(self, event_ts: int | None, produced_ms: int, err, msg) -> None:
-        if err is not None:
-            self._delivery_errors.append(str(err))
-        elif event_ts is not None:     # from an event: event -> acknowledged by the broker
-            acked = produced_ms + 1000 * (msg.latency() or 0.0)
-            FRESHNESS.observe(max(0.0, acked - event_ts) / 1000)
-
-    def _send(self, items: list[tuple[bytes, bytes, changes.TokenChange | None]],
-              fresh: bool = True) -> None:
-        """Produce; the acks are checked, and the outbox entries dropped, by `_confirm_sent`
-        before the next send (one batch later: the wait no longer holds the loop) or when
-        idle. `fresh`: the changes come from events, so their latency counts in the
-        freshness histogram."""
-        if not items:
-            return
-        self._confirm_sent()
-        topic, t = self.topics.token_changes, now_ms()
-        for key, value, c in items:
-            node = (c or changes.decode(value)).node
-            ets = c.event_ts if fresh and c is not None else None
-            clients.produce_blocking(self.producer, topic, value, key=node.encode(),
-                                     on_delivery=functools.partial(self._on_delivery, ets, t))
-        self._unacked += [k for k, _, _ in items]
-
-    def _confirm_sent(self) -> None:
-        """Wait for the acks of what was produced, then drop those outbox entries."""
-        if not self._unacked:
-            return
-        if self.producer.flush(30) or self._delivery_errors:
-            errs, self._delivery_errors = self._delivery_errors, []
-            raise RuntimeError(f"token changes were not acknowledged: {errs[:3]}")
-        delete_outbox(self.index, self._unacked)
-        TOKEN_CHANGES.inc(len(self._unacked))
-        self._unacked = []
-
-    # -- hot swap -------------------------------------------------------------------------
-    def request_swap(self, announcement: dict) -> None:
-        """Called by the checkpoint watcher (another thread); acted on by this loop."""
-        self.swap_requests.append(announcement)
-
-    def _start_swap(self, ann: dict) -> None:
-        ck_id, path = ann.get("id"), ann.get("path")
-        if ck_id == self.active.id and self.index.building() is None:
-            return
-        model = self._load(path)
-        if model is None:
-            b = self.index.batch()
-            b.set_meta(BUILDING_KEY, None)
-            b.commit()
-            return
-        if ck_id and model.id != ck_id:
-            CHECKPOINTS_REFUSED.inc()
-            log.error("refusing checkpoint %s: announced as %s but its content id is %s",
-                      path, ck_id, model.id)
-            return
-        gen = (self.gen + 1) & 0xFFFF
-        self.index.clear_generation(gen)
-        self.supergraph.clear_generation(gen)
-        b = self.index.batch()
-        b.set_meta(BUILDING_KEY, [gen, model.id, model.path])
-        b.commit()
-        todo = sorted(set(self.memory.ids) | set(self.store.reader.node_ids()))
-        self.building = _Build(gen, model, self._memory_for(gen, model), todo)
-        self._swap_budget, self._swap_t = 0.0, time.monotonic()
-        SWAP_PROGRESS.set(0.0)
-        log.info("hot swap to %s started: re-encoding %d nodes into generation %d",
-                 model.id, len(todo), gen)
-
-    def _build_step(self) -> None:
-        b = self.building
-        t = time.monotonic()
-        rate = self.rcfg.swap_rate
-        self._swap_budget = min(rate, self._swap_budget + (t - self._swap_t) * rate)
-        self._swap_t = t
-        n = min(self.rcfg.batch_max, int(self._swap_budget), len(b.todo) - b.done)
-        if n > 0:
-            ids = b.todo[b.done:b.done + n]
-            ts = now_ms()
-            sampled = self.views.sample(ids, ts, b.model.packer)
-            olds = {r.node: r for r in self.index.records(self.gen, ids) if r is not None}
-            event_ts = {i: (olds[i].event_ts if i in olds else ts) for i in ids}
-            batch = self.index.batch()
-            out = self._write(batch, b.gen, b.model, b.memory, ids, sampled,
-                              event_ts, ts, publish=False)
-            batch.commit()
-            self._apply_memory(out, b.memory)
-            b.done += n
-            self._swap_budget -= n
-            NODES_REFRESHED.labels("hot_swap").inc(n)
-        SWAP_PROGRESS.set(b.done / max(1, len(b.todo)))
-        if b.done >= len(b.todo):
-            self._switch()
-
-    def _switch(self) -> None:
-        """Flip the serving generation in one write, then announce the new tokens."""
-        b, old_gen, old_model = self.building, self.gen, self.active.id
-        batch = self.index.batch()
-        batch.set_meta(ACTIVE_KEY, [b.gen, b.model.id, b.model.path])
-        batch.set_meta(BUILDING_KEY, None)
-        batch.set_meta(ANNOUNCE_PASS_KEY, b.gen)
-        batch.commit()
-        b.memory.compact()
-        self.active, self.gen, self.memory = b.model, b.gen, b.memory
-        self.building = None
-        self._announce = list(b.memory.ids)
-        INDEX_SWITCHES.inc()
-        try:
-            MODEL_INFO.remove(old_model)
-        except KeyError:
-            pass
-        self.index.clear_generation(old_gen)
-        self.supergraph.clear_generation(old_gen)
-        log.info("switched to %s: generation %d serving %d nodes (hot swap took %.1fs)",
-                 b.model.id, b.gen, len(b.memory), time.monotonic() - b.started)
-        self._gauges()
-
-    def _announce_step(self) -> None:
-        """Token changes for the new model, a micro-batch at a time (idempotent: nodes whose
-        published model already matches are skipped, so a restart can run it again)."""
-        ids, self._announce = self._announce[:self.rcfg.batch_max], self._announce[self.rcfg.batch_max:]
-        recs = self.index.records(self.gen, ids)
-        pubs = self.index.published(ids)
-        ts = now_ms()
-        batch = self.index.batch()
-        out = []
-        for rec, pub in zip(recs, pubs):
-            if rec is None:
-                continue
-            seq = pub[0] if pub is not None else rec.seq
-            c = changes.diff(rec.node, rec.model, seq + 1, rec.tokens, rec.assign, pub, ts, ts)
-            if c is None:
-                continue
-            batch.publish(rec.node, c.seq, rec.model, c.tokens, c.assign, changes.encode(c))
-            new = IndexRecord(rec.node, rec.model, c.seq, rec.emb, rec.tokens, rec.assign,
-                              rec.event_ts, rec.ts)
-            batch.put_record(self.gen, new, rec)
-            self.memory.seq[self.memory.row(rec.node)] = c.seq
-            out.append(c)
-        if not self._announce:
-            batch.set_meta(ANNOUNCE_PASS_KEY, None)
-        batch.commit()
-        self._send([(self._outbox_key(c), changes.encode(c), c) for c in out], fresh=False)
+        self._gauges(serving)
 
     # -- health and gauges ----------------------------------------------------------------
-    def _gauges(self) -> None:
-        INDEX_NODES.set(len(self.memory))
-        INDEX_GENERATION.set(self.gen)
-        MODEL_INFO.labels(self.active.id).set(1)
-        if self.building is None:
+    def _gauges(self, serving: ServingSnapshot) -> None:
+        INDEX_NODES.set(len(serving.memory))
+        INDEX_GENERATION.set(serving.gen)
+        MODEL_INFO.labels(serving.model.id).set(1)
+        if self.swap.building is None:
             SWAP_PROGRESS.set(1.0)
 
     def status(self) -> dict:
-        b = self.building
-        return {"model": self.active.id, "generation": self.gen, "index_nodes": len(self.memory),
-                "dirty_backlog": len(self.writer.dirty), "neighbor_backlog": len(self._neighbors),
-                "refreshed": self.refreshed,
-                "hot_swap": None if b is None else {"model": b.model.id, "generation": b.gen,
-                                                    "done": b.done, "total": len(b.todo)}}
-
+        serving = self.serving
+        return {"model": serving.model.id, "generation": serving.gen,
+                "index_nodes": len(serving.memory), "dirty_backlog": len(self.writer.dirty),
+                "neighbor_backlog": len(self.neighbors), "refreshed": self.refreshed,
+                "hot_swap": self.swap.status()}

@@ -20,12 +20,12 @@ from typing import Iterable, Iterator
 
 from tqdm import tqdm
 
-from state.events import (Engagement, Entity, EventError, Validator, as_dict, encode_engagement,
+from hirflow.state.events import (Engagement, Entity, EventError, Validator, as_dict, encode_engagement,
                           encode_entity)
-from streams import clients
-from streams.adapters import online_retail, taobao
-from streams.config import HirflowConfig
-from streams.topics import Topics
+from hirflow.streams import clients
+from hirflow.streams.adapters import online_retail, taobao
+from hirflow.streams.config import HirflowConfig
+from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
 FORMATS = ("jsonl", "csv", "taobao", "online-retail")

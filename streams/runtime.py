@@ -9,15 +9,15 @@ import logging
 import threading
 import time
 
-from state.events import EventError, Validator
-from state.graph import GraphStore
-from state.writer import GraphWriter
-from streams import clients
-from streams.config import HirflowConfig
-from streams.deadletter import DeadLetters
-from streams.ingest import IngestLoop, owned_partitions
-from streams.metrics import DIRTY_NODES, EVENTS_APPLIED, EVENTS_CONSUMED, EVENTS_SKIPPED, STATE_BYTES
-from streams.topics import Topics
+from hirflow.state.events import EventError, Validator
+from hirflow.state.graph import GraphStore
+from hirflow.state.writer import GraphWriter
+from hirflow.streams import clients
+from hirflow.streams.config import HirflowConfig
+from hirflow.streams.deadletter import DeadLetters
+from hirflow.streams.ingest import IngestLoop, owned_partitions
+from hirflow.streams.metrics import DIRTY_NODES, EVENTS_APPLIED, EVENTS_CONSUMED, EVENTS_SKIPPED, STATE_BYTES
+from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _text_encoder(enabled: bool):
     """The MiniLM text encoder, or None when world knowledge is switched off."""
     if not enabled:
         return None
-    from encoder.knowledge import TextEncoder
+    from hirflow.encoder.knowledge import TextEncoder
     return TextEncoder()
 
 
@@ -100,11 +100,11 @@ class WorkerRuntime:
         false, e.g. an ingest-only benchmark)."""
         if not self.cfg.refresh.enabled:
             return
-        from streams.hotswap import CheckpointWatcher
-        from streams.query import QueryService
-        from streams.refresh import RefreshLoop
+        from hirflow.streams.hotswap import CheckpointWatcher
+        from hirflow.streams.query import QueryService
+        from hirflow.streams.refresh import RefreshLoop
         self.refresh = RefreshLoop(self.cfg, self.store, self.writer, self.topics)
-        self.query = QueryService(self.refresh)
+        self.query = QueryService.of(self.refresh)
         freeze_startup_objects()
         self.refresh.start()
         self.watcher = CheckpointWatcher(self.cfg, self.refresh.request_swap)

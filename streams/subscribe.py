@@ -15,9 +15,9 @@ from typing import Iterator
 
 import msgspec
 
-from streams import changes, clients
-from streams.config import HirflowConfig
-from streams.topics import Topics
+from hirflow.streams import changes, clients
+from hirflow.streams.config import HirflowConfig
+from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
 

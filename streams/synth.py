@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from state.events import Engagement, Entity, as_dict
+from hirflow.state.events import Engagement, Entity, as_dict
 
 LEXICON = {
     "sports": {"running": ["trail", "marathon", "sprint", "treadmill"],

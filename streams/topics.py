@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams.config import KafkaConfig
+from hirflow.streams.config import KafkaConfig
 
 log = logging.getLogger(__name__)
 

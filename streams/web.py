@@ -7,10 +7,10 @@ import logging
 import faust
 from faust.web import Request, Response, View
 
-from streams.metrics import exposition
-from streams.openapi import document
-from streams.query import QueryError
-from streams.runtime import WorkerRuntime
+from hirflow.streams.metrics import exposition
+from hirflow.streams.openapi import document
+from hirflow.streams.query import QueryError
+from hirflow.streams.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 

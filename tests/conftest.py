@@ -7,15 +7,15 @@ import os
 
 import pytest
 
-from state.config import build
-from streams.config import HirflowConfig
+from hirflow.state.config import build
+from hirflow.streams.config import HirflowConfig
 
 _counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
 def broker():
-    from streams.broker import EmbeddedBroker
+    from hirflow.streams.broker import EmbeddedBroker
     b = EmbeddedBroker().start()
     yield b
     b.stop()
@@ -44,7 +44,7 @@ def _torch_threads():
 @pytest.fixture
 def cfg(tmp_path, broker):
     """A config on the session broker with its own topic prefix and state dir; topics created."""
-    from streams.topics import Topics, ensure_topics
+    from hirflow.streams.topics import Topics, ensure_topics
     c = make_config(tmp_path, broker.bootstrap)
     ensure_topics(c.kafka, Topics(c.kafka.topic_prefix))
     return c
@@ -57,8 +57,8 @@ def replace_section(cfg: HirflowConfig, section: str, **changes) -> HirflowConfi
 @pytest.fixture(scope="session")
 def tiny_world():
     """A small synthetic world's engagements (1,500 events, 60 users, 4 days)."""
-    from state.events import Engagement
-    from streams.synth import SynthConfig, SynthWorld
+    from hirflow.state.events import Engagement
+    from hirflow.streams.synth import SynthConfig, SynthWorld
     w = SynthWorld(SynthConfig(events=1500, users=60, advertisers=4, span_days=4, seed=2))
     return [e for e in w.stream() if isinstance(e, Engagement)]
 
@@ -70,10 +70,10 @@ def tiny_checkpoints(tmp_path_factory, tiny_world):
     to the plain embeddings: this barely trained model's nodes of one type lie almost on
     their type's mean (norm 0.98-1.0), so centred assignments would be noise; the successor
     centres them (the default), so serving with type centres runs too."""
-    from encoder.model import EncoderConfig
-    from encoder.quantize import QuantizerConfig
-    from state.schema import SchemaConfig
-    from trainer.train import TrainConfig, train
+    from hirflow.encoder.model import EncoderConfig
+    from hirflow.encoder.quantize import QuantizerConfig
+    from hirflow.state.schema import SchemaConfig
+    from hirflow.trainer.train import TrainConfig, train
     root = tmp_path_factory.mktemp("ckpts")
     schema = SchemaConfig()
     enc = EncoderConfig.for_schema(schema, levels=(4, 16), d_model=32, d_ff=64, d_emb=32)

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from trainer.ranking import RankingTask, per_user_metrics
+from hirflow.trainer.ranking import RankingTask, per_user_metrics
 
 log = logging.getLogger(__name__)
 Scorer = Callable[[RankingTask, Mapping], np.ndarray]    # (task, params) -> (n_eval, I) scores

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from state.events import Engagement, Entity, EventError, Validator
+from hirflow.state.events import Engagement, Entity, EventError, Validator
 
 log = logging.getLogger(__name__)
 

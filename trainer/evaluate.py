@@ -36,19 +36,19 @@ import scipy.sparse as sp
 import torch
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-from encoder import checkpoint as ckpt
-from encoder.model import HierarchicalEncoder
-from encoder.serving import encoder_from
-from encoder.quantize import BoMQuantizer, QuantizerConfig
-from state.events import Engagement
-from state.graph import GraphConfig, GraphStore
-from state.schema import SchemaConfig
-from state.views import STUDENT, ViewSampler
-from state.writer import BOTH_SIDES, GraphWriter
-from trainer import baselines as B
-from trainer.data import Windows
-from trainer.ranking import RankingTask, paired_ratio_ci, per_user_metrics, ranking_task, summarise
-from trainer.train import embed
+from hirflow.encoder import checkpoint as ckpt
+from hirflow.encoder.model import HierarchicalEncoder
+from hirflow.encoder.serving import encoder_from
+from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.state.events import Engagement
+from hirflow.state.graph import GraphConfig, GraphStore
+from hirflow.state.schema import SchemaConfig, node_type
+from hirflow.state.views import STUDENT, ViewSampler
+from hirflow.state.writer import BOTH_SIDES, GraphWriter
+from hirflow.trainer import baselines as B
+from hirflow.trainer.data import Windows
+from hirflow.trainer.ranking import RankingTask, paired_ratio_ci, per_user_metrics, ranking_task, summarise
+from hirflow.trainer.train import embed
 
 log = logging.getLogger(__name__)
 ITEM_TYPES = ("ad", "product")
@@ -139,7 +139,7 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     test = [e for e in events if e.ts >= windows.val_end]
     kinds = item_types(schema)
     known = {n for e in before for n in (e.src, e.dst)}
-    cold = sorted({e.dst for e in test if e.dst not in known and e.dst.partition(":")[0] in kinds
+    cold = sorted({e.dst for e in test if e.dst not in known and node_type(e.dst) in kinds
                    and e.dst in (later_texts or {})})
     t = time.perf_counter()
     index, emb, cold_emb = state_embeddings(model, before, schema, windows.val_end - 1, texts, cold,
@@ -162,7 +162,7 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
         nodes = sorted(index, key=index.get)
         assign = model.assign(torch.from_numpy(emb).to(model.device),
                               torch.tensor(schema.type_codes(nodes), device=model.device)).cpu().numpy()
-    items = [n for n in nodes if n.partition(":")[0] in kinds]
+    items = [n for n in nodes if node_type(n) in kinds]
     metrics["cold_start"] = _cold_start(emb, index, items, cold, cold_emb, before, test, ks)
     if labels:
         metrics["hierarchy"] = _hierarchy(assign, nodes, labels)

@@ -22,14 +22,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from encoder.model import HierarchicalEncoder
-from state.events import Engagement
-from state.graph import GraphConfig, GraphStore
-from state.schema import SchemaConfig
-from state.views import STUDENT, ViewSampler
-from state.writer import BOTH_SIDES, GraphWriter
-from trainer.ranking import bootstrap_ci, paired_ratio_ci
-from trainer.train import embed
+from hirflow.encoder.model import HierarchicalEncoder
+from hirflow.state.events import Engagement
+from hirflow.state.graph import GraphConfig, GraphStore
+from hirflow.state.schema import SchemaConfig, node_type
+from hirflow.state.views import STUDENT, ViewSampler
+from hirflow.state.writer import BOTH_SIDES, GraphWriter
+from hirflow.trainer.ranking import bootstrap_ci, paired_ratio_ci
+from hirflow.trainer.train import embed
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -48,7 +48,7 @@ def queries(events: Sequence[Engagement], lo: int, hi: int, positive: set[str],
             item_types: Sequence[str]) -> tuple[list[str], list[Query]]:
     """Candidate items (known before `lo`) and the hourly queries of [lo, hi)."""
     items = sorted({n for e in events if e.ts < lo for n in (e.src, e.dst)
-                    if n.partition(":")[0] in item_types})
+                    if node_type(n) in item_types})
     known = set(items)
     evs = [e for e in sorted(events, key=lambda e: e.ts) if e.action in positive and e.ts < hi]
     engaged: dict[tuple[int, str], set[str]] = defaultdict(set)      # (hour, user) -> items

@@ -27,12 +27,12 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from encoder.batching import PackConfig, PackedBatch, pack
-from state.events import Engagement
-from state.graph import GraphConfig, GraphStore
-from state.schema import SchemaConfig
-from state.views import ViewConfig, ViewSampler, cold_view
-from state.writer import BOTH_SIDES, GraphWriter
+from hirflow.encoder.batching import PackConfig, PackedBatch, pack
+from hirflow.state.events import Engagement
+from hirflow.state.graph import GraphConfig, GraphStore
+from hirflow.state.schema import SchemaConfig, node_type
+from hirflow.state.views import ViewConfig, ViewSampler, cold_view
+from hirflow.state.writer import BOTH_SIDES, GraphWriter
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class BatchPipeline:
         pos = {n: i for i, n in enumerate(anchors)}
         negs = []
         for e in batch:                                  # negatives of the dst's node type
-            pool = self.by_type.get(e.dst.partition(":")[0]) or [e.dst]
+            pool = self.by_type.get(node_type(e.dst)) or [e.dst]
             negs.extend(pool[j] for j in rng.integers(0, len(pool), self.negatives))
         for n in sorted(set(negs) - set(pos)):
             pos[n] = len(anchors)
@@ -185,7 +185,7 @@ class BatchPipeline:
         for n in touched:
             if n not in self.seen:
                 self.seen.add(n)
-                self.by_type.setdefault(n.partition(":")[0], []).append(n)
+                self.by_type.setdefault(node_type(n), []).append(n)
 
     def _jobs(self) -> Iterator[tuple[int, int, int, np.ndarray] | ChunkDone]:
         """(step, chunk, cutoff, indices) per step in order, a ChunkDone after each chunk's

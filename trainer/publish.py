@@ -7,7 +7,7 @@ from pathlib import Path
 import msgpack
 from confluent_kafka import Producer
 
-from encoder.checkpoint import MANIFEST, load, sha256_file
+from hirflow.encoder.checkpoint import MANIFEST, load, sha256_file
 
 
 def announce(conf: dict, topic: str, path: Path) -> dict:

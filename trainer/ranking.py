@@ -16,7 +16,8 @@ from typing import Collection, Iterable, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from state.events import Engagement
+from hirflow.state.events import Engagement
+from hirflow.state.schema import node_type
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,11 @@ def ranking_task(events: Iterable[Engagement], lo: int, hi: int, positive: Colle
     for e in events:
         if e.ts < lo:
             for n in (e.src, e.dst):
-                if n.partition(":")[0] in item_types:
+                if node_type(n) in item_types:
                     known_items.add(n)
-            if e.action in positive and e.src.partition(":")[0] == user_type and e.dst in known_items:
+            if e.action in positive and node_type(e.src) == user_type and e.dst in known_items:
                 before.append(e)
-        elif e.ts < hi and e.action in positive and e.src.partition(":")[0] == user_type:
+        elif e.ts < hi and e.action in positive and node_type(e.src) == user_type:
             during.append(e)
     users = sorted({e.src for e in before})
     items = sorted(known_items)

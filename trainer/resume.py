@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from encoder.checkpoint import sha256_file
+from hirflow.encoder.checkpoint import sha256_file
 
 STATE = "state.json"
 

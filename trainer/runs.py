@@ -16,12 +16,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from encoder import checkpoint as ckpt
-from encoder.model import EncoderConfig
-from state.events import Engagement, Entity
-from state.schema import SchemaConfig
-from trainer.data import Windows, chronological_windows, world_knowledge
-from trainer.train import TrainConfig, train
+from hirflow.encoder import checkpoint as ckpt
+from hirflow.encoder.model import EncoderConfig
+from hirflow.state.events import Engagement, Entity
+from hirflow.state.schema import SchemaConfig
+from hirflow.trainer.data import Windows, chronological_windows, world_knowledge
+from hirflow.trainer.train import TrainConfig, train
 
 log = logging.getLogger(__name__)
 

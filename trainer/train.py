@@ -33,18 +33,18 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from encoder import checkpoint as ckpt
-from encoder.batching import pack
-from encoder.hierarchy import fit_tree
-from encoder.model import EncoderConfig, HierarchicalEncoder
-from encoder.quantize import BoMQuantizer, QuantizerConfig
-from state.events import Engagement
-from state.schema import SchemaConfig
-from state.views import STUDENT, TEACHER, ViewConfig, ViewSampler
-from trainer import losses as L
-from trainer import resume as resume_mod
-from trainer.pipeline import BatchPipeline, ChunkDone, Prepared, chunk_plan
-from trainer.schedules import cosine, teacher_momentum
+from hirflow.encoder import checkpoint as ckpt
+from hirflow.encoder.batching import pack
+from hirflow.encoder.hierarchy import fit_tree
+from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
+from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.state.events import Engagement
+from hirflow.state.schema import SchemaConfig
+from hirflow.state.views import STUDENT, TEACHER, ViewConfig, ViewSampler
+from hirflow.trainer import losses as L
+from hirflow.trainer import resume as resume_mod
+from hirflow.trainer.pipeline import BatchPipeline, ChunkDone, Prepared, chunk_plan
+from hirflow.trainer.schedules import cosine, teacher_momentum
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Iterable, Iterator
 from zoneinfo import ZoneInfo
 
-from state.events import Engagement, Entity
+from hirflow.state.events import Engagement, Entity
 
 HEADER = ("InvoiceNo", "StockCode", "Description", "Quantity", "InvoiceDate", "UnitPrice",
           "CustomerID", "Country")

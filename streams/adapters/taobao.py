@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 from typing import Iterable, Iterator
 
-from state.events import Engagement
+from hirflow.state.events import Engagement
 
 BEHAVIORS = ("pv", "fav", "cart", "buy")
 

@@ -5,8 +5,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from streams.config import HirflowConfig
-from streams.config_reference import field_comments, render
+from hirflow.streams.config import HirflowConfig
+from hirflow.streams.config_reference import field_comments, render
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from encoder import attention as A
-from encoder.batching import PackConfig, block_tables, pack, shortest_paths
-from tests.encoder.views import random_view, random_views
+from hirflow.encoder import attention as A
+from hirflow.encoder.batching import PackConfig, block_tables, pack, shortest_paths
+from hirflow.state.random_views import random_view, random_views
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 H, D = 4, 16

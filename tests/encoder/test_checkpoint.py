@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from encoder.checkpoint import CheckpointError, load, load_into, save
-from encoder.model import EncoderConfig, HierarchicalEncoder
+from hirflow.encoder.checkpoint import CheckpointError, load, load_into, save
+from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
 
 
 def model(seed=0):

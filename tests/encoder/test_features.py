@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from encoder.batching import PackConfig, hash_features
-from encoder.features import DeepHashEmbedding
+from hirflow.encoder.batching import PackConfig, hash_features
+from hirflow.encoder.features import DeepHashEmbedding
 
 
 def count(m):

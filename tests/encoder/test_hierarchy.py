@@ -3,9 +3,9 @@ import numpy as np
 import torch
 from sklearn.metrics import normalized_mutual_info_score as nmi
 
-from encoder.hierarchy import fit_tree
-from encoder.model import EncoderConfig, HierarchicalEncoder
-from state.schema import SchemaConfig
+from hirflow.encoder.hierarchy import fit_tree
+from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
+from hirflow.state.schema import SchemaConfig
 
 
 def planted(seed=0, d=32, per=40):
@@ -44,8 +44,8 @@ def test_type_centre_moves_assignments_not_embeddings():
     """A node type's mean is removed before its embeddings meet the prototypes, so nodes
     that all lean the type's way are still told apart by the rest; the embedding the model
     returns (which retrieval uses) stays as it was."""
-    from encoder.batching import pack
-    from tests.encoder.views import random_views
+    from hirflow.encoder.batching import pack
+    from hirflow.state.random_views import random_views
     F = torch.nn.functional
     model = HierarchicalEncoder(EncoderConfig.for_schema(SchemaConfig(), levels=(2, 4), d_emb=32)).eval()
     g = torch.Generator().manual_seed(0)

@@ -2,12 +2,12 @@
 import numpy as np
 import torch
 
-from encoder.batching import pack
-from encoder.knowledge import TextEncoder
-from encoder.model import EncoderConfig, HierarchicalEncoder
-from state.schema import SchemaConfig
-from state.views import N_STATS, View
-from streams.synth import SynthConfig, SynthWorld
+from hirflow.encoder.batching import pack
+from hirflow.encoder.knowledge import TextEncoder
+from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
+from hirflow.state.schema import SchemaConfig
+from hirflow.state.views import N_STATS, View
+from hirflow.streams.synth import SynthConfig, SynthWorld
 
 
 def lone_view(node: str, type_index: int) -> View:

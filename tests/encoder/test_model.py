@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from encoder.batching import pack
-from encoder.model import EncoderConfig, HierarchicalEncoder
-from state.schema import SchemaConfig
-from tests.encoder.views import random_views
+from hirflow.encoder.batching import pack
+from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
+from hirflow.state.schema import SchemaConfig
+from hirflow.state.random_views import random_views
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 

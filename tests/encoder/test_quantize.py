@@ -1,6 +1,6 @@
 import numpy as np
 
-from encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
 
 
 def data(n=3000, d=32, seed=0):

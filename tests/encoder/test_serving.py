@@ -4,9 +4,9 @@ import dataclasses
 
 import numpy as np
 
-from encoder.batching import PackConfig
-from encoder.serving import ServingModel
-from tests.encoder.views import random_views
+from hirflow.encoder.batching import PackConfig
+from hirflow.encoder.serving import ServingModel
+from hirflow.state.random_views import random_views
 
 
 def test_prepared_arrays_give_the_same_encoding_and_a_foreign_config_is_repacked(tiny_checkpoints):

@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from streams.config import HirflowConfig, load
+from hirflow.streams.config import HirflowConfig, load
 from tests.helm.config_schema import schema_of
 from tests.helm.fake_kube import FakeKube
 
@@ -290,7 +290,7 @@ def test_every_pod_gets_pull_secrets_and_the_security_context(kube):
 
 def _exported_series() -> set[str]:
     """Every series name the worker's /metrics can carry (histograms as _bucket/_sum/_count)."""
-    from streams.metrics import REGISTRY
+    from hirflow.streams.metrics import REGISTRY
     out = set()
     for m in REGISTRY.collect():
         suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),

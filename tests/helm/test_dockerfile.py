@@ -12,9 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_dockerfile_copies_every_package_and_pins_torch_like_the_project():
     docker = (ROOT / "Dockerfile").read_text()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    for pkg in project["tool"]["setuptools"]["packages"]:
-        top = pkg.split(".")[0]                 # a subpackage travels with its top folder
-        assert re.search(rf"^COPY {top} {top}$", docker, re.M), f"Dockerfile misses package {pkg}"
+    for pkg, folder in project["tool"]["setuptools"]["package-dir"].items():
+        assert re.search(rf"^COPY {folder} {folder}$", docker, re.M), f"Dockerfile misses {pkg}"
     torch_pin = next(d.split("#")[0].strip() for d in project["project"]["dependencies"]
                      if d.startswith("torch"))
     assert f"ARG TORCH={torch_pin}" in docker

@@ -1,8 +1,8 @@
 """Helpers for state tests: apply events directly and take a canonical digest of a store."""
 from __future__ import annotations
 
-from state.graph import GraphConfig, GraphStore
-from state.writer import GraphWriter
+from hirflow.state.graph import GraphConfig, GraphStore
+from hirflow.state.writer import GraphWriter
 
 
 def apply_direct(store: GraphStore, events, config: GraphConfig | None = None, batch: int = 1000):

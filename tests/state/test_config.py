@@ -1,7 +1,7 @@
 import pytest
 
-from state.config import ConfigError
-from streams.config import HirflowConfig, load
+from hirflow.state.config import ConfigError
+from hirflow.streams.config import HirflowConfig, load
 
 
 def test_defaults_file_env_flags_precedence(tmp_path):

@@ -3,10 +3,10 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state import decay
-from state.graph import GraphConfig, GraphStore
-from state.events import Engagement
-from state.schema import SchemaConfig
+from hirflow.state import decay
+from hirflow.state.graph import GraphConfig, GraphStore
+from hirflow.state.events import Engagement
+from hirflow.state.schema import SchemaConfig
 from tests.state.helpers import apply_direct, assert_same_state, digest
 
 HOUR_RATE = decay.rate_from_half_life(3600.0)

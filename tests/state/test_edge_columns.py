@@ -1,8 +1,8 @@
 """Edge columns carry every edge of each record, in the record's order, and nothing else."""
 import numpy as np
 
-from state.edge_columns import EdgeColumns
-from state.node import IN, OUT, NodeState
+from hirflow.state.edge_columns import EdgeColumns
+from hirflow.state.node import IN, OUT, NodeState
 
 CODES = {"click": 0, "impression": 1}
 

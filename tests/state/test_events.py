@@ -4,9 +4,9 @@ import math
 import msgpack
 import pytest
 
-from state.events import (Engagement, Entity, EventError, Validator, decode_map, encode_engagement,
+from hirflow.state.events import (Engagement, Entity, EventError, Validator, decode_map, encode_engagement,
                           encode_entity)
-from state.schema import SchemaConfig
+from hirflow.state.schema import SchemaConfig
 
 NOW = 1_767_225_600_000
 V = Validator(SchemaConfig(), now_ms=lambda: NOW)

@@ -3,13 +3,13 @@ import multiprocessing as mp
 import msgpack
 import pytest
 
-from state.events import Engagement, Entity
-from state.graph import (GraphConfig, GraphStore, IncompatibleStoreError, StoreLockedError,
+from hirflow.state.events import Engagement, Entity
+from hirflow.state.graph import (GraphConfig, GraphStore, IncompatibleStoreError, StoreLockedError,
                          StoreMissingError)
-from state.keys import KeyCodec, partition_of
-from state.node import IN, OUT
-from state.schema import SchemaConfig
-from state.writer import SRC_SIDE, GraphWriter
+from hirflow.state.keys import KeyCodec, partition_of
+from hirflow.state.node import IN, OUT
+from hirflow.state.schema import SchemaConfig
+from hirflow.state.writer import SRC_SIDE, GraphWriter
 
 T0 = 1_767_225_600_000
 S = SchemaConfig()
@@ -128,7 +128,7 @@ def test_node_keys_group_a_partition():
 
 
 def test_a_node_state_round_trips_through_its_stored_form():
-    from state.node import NodeState
+    from hirflow.state.node import NodeState
     s = NodeState("ad:9")
     assert NodeState.unpack(s.pack()).first is None                 # a node with no events yet
     s.apply_sum("user:1", "click", OUT, 1.5, T0, 2, T0 - 5, T0, 1e-9)

@@ -2,8 +2,8 @@
 stays consistent through updates and compactions."""
 import numpy as np
 
-from encoder.quantize import BoMQuantizer, QuantizerConfig
-from state.memindex import MemoryIndex
+from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.state.memindex import MemoryIndex
 
 
 def _world(n=6000, d=32, seed=0):

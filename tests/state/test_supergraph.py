@@ -4,13 +4,13 @@ the sum of the rows of the nodes assigned to it, however often nodes move betwee
 import numpy as np
 import pytest
 
-from state.decay import add, value_at
-from state.edge_columns import EdgeColumns
-from state.graph import GraphStore
-from state.index import NO_PRIMITIVE, TokenIndex
-from state.node import NodeState
-from state.schema import SchemaConfig
-from state.supergraph import SuperGraph, _columns, _dec, _enc, _node_key, _pair_keys, decayed_sums
+from hirflow.state.decay import add, value_at
+from hirflow.state.edge_columns import EdgeColumns
+from hirflow.state.graph import GraphStore
+from hirflow.state.index import NO_PRIMITIVE, TokenIndex
+from hirflow.state.node import NodeState
+from hirflow.state.schema import SchemaConfig
+from hirflow.state.supergraph import SuperGraph, _columns, _dec, _enc, _node_key, _pair_keys, decayed_sums
 
 HOUR = 3_600_000
 ACTIONS = ["impression", "click", "conversion", "owns"]        # decaying and structural

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from state.events import Engagement
-from state.graph import GraphConfig, GraphStore
-from state.schema import SchemaConfig
-from state.view_source import LocalViews, ViewProcess, ViewProcessError
-from state.views import STUDENT
+from hirflow.state.events import Engagement
+from hirflow.state.graph import GraphConfig, GraphStore
+from hirflow.state.schema import SchemaConfig
+from hirflow.state.view_source import LocalViews, ViewProcess, ViewProcessError
+from hirflow.state.views import STUDENT
 from tests.state.helpers import apply_direct
 from tests.state.test_views import DAY, T0, world
 
@@ -73,7 +73,7 @@ def test_a_follower_never_creates_a_store(tmp_path):
 
 
 def test_the_child_packs_the_views_it_sampled_as_this_process_would(tmp_path):
-    from encoder.batching import PackConfig, Packer, pack_arrays
+    from hirflow.encoder.batching import PackConfig, Packer, pack_arrays
     schema = SchemaConfig()
     with GraphStore(tmp_path, schema, 4) as store:
         apply_direct(store, world(np.random.default_rng(4), 30, 20, 1000), GraphConfig(path=str(tmp_path)))

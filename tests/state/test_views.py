@@ -2,10 +2,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state.events import Engagement
-from state.graph import GraphConfig, GraphStore
-from state.schema import SchemaConfig
-from state.views import STUDENT, TEACHER, ViewSampler
+from hirflow.state.events import Engagement
+from hirflow.state.graph import GraphConfig, GraphStore
+from hirflow.state.schema import SchemaConfig
+from hirflow.state.views import STUDENT, TEACHER, ViewSampler
 from tests.state.helpers import apply_direct
 
 T0 = 1_767_225_600_000
@@ -57,8 +57,8 @@ def test_teacher_views_are_broader_than_student_views(tmp_path):
 
 
 def test_a_cold_view_is_the_anchor_alone_without_behaviour(tmp_path):
-    from encoder.batching import PackConfig, pack
-    from state.views import cold_view
+    from hirflow.encoder.batching import PackConfig, pack
+    from hirflow.state.views import cold_view
     rng = np.random.default_rng(2)
     with GraphStore(tmp_path, SchemaConfig(), 4) as store:
         apply_direct(store, world(rng, 20, 10, 800), GraphConfig(path=str(tmp_path)))
@@ -100,7 +100,7 @@ def test_node_info_matches_its_definition_edge_by_edge(tmp_path):
     |weight| x recency (ties by name, only the head kept), rows per neighbour, degrees."""
     import math
 
-    from state.node import IN, OUT
+    from hirflow.state.node import IN, OUT
     rng = np.random.default_rng(3)
     schema = SchemaConfig()
     with GraphStore(tmp_path, schema, 4) as store:

@@ -5,7 +5,7 @@ import time
 
 from confluent_kafka import Consumer, TopicPartition
 
-from streams.config import HirflowConfig
+from hirflow.streams.config import HirflowConfig
 
 
 def drain(cfg: HirflowConfig, topic: str, expect: int, timeout: float = 30.0) -> list:
@@ -43,9 +43,9 @@ def committed_total(cfg: HirflowConfig, topic: str) -> int:
 def assert_ingest_equals_direct(cfg: HirflowConfig, topics, expected, tmp_path) -> None:
     """Ingest what the topics hold into the config's store until `expected` engagements are
     applied; the state must equal applying `expected` directly to a fresh store."""
-    from state.graph import GraphStore
-    from state.writer import GraphWriter
-    from streams.ingest import IngestLoop
+    from hirflow.state.graph import GraphStore
+    from hirflow.state.writer import GraphWriter
+    from hirflow.streams.ingest import IngestLoop
     from tests.state.helpers import apply_direct, assert_same_state, digest
 
     with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions) as store:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import time
 
-from state.graph import GraphStore
-from state.writer import BOTH_SIDES, GraphWriter
-from streams.refresh import RefreshLoop
-from streams.topics import Topics
+from hirflow.state.graph import GraphStore
+from hirflow.state.writer import BOTH_SIDES, GraphWriter
+from hirflow.streams.refresh import RefreshLoop
+from hirflow.streams.topics import Topics
 
 
 def loop_over(cfg, events=(), store=None):
@@ -32,7 +32,7 @@ def settle(loop, rounds: int = 50, seconds: float = 90.0) -> None:
         if loop.idle:
             return
     raise AssertionError(f"refresh did not settle in {i} rounds: {len(loop.writer.dirty)} dirty, "
-                         f"{len(loop._neighbors)} neighbours queued, building {loop.building}")
+                         f"{len(loop.neighbors)} neighbours queued, building {loop.building}")
 
 
 def assert_index_matches_state(loop) -> None:

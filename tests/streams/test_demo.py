@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from state.events import Engagement, Entity
-from streams.changes import TokenChange
-from streams.freshness_watch import FreshnessWatch
+from hirflow.state.events import Engagement, Entity
+from hirflow.streams.changes import TokenChange
+from hirflow.streams.freshness_watch import FreshnessWatch
 
 T0 = 1_767_225_600_000
 
@@ -50,8 +50,8 @@ def test_window_counts_only_changes_received_within_it(arrivals, window_ms):
 def test_demo_trains_swaps_and_reports(tmp_path, capsys):
     """A short demo: the first checkpoint is trained, announced and served, and the summary
     checks it against the planted interests."""
-    from streams.config import load
-    from streams.demo import run_demo
+    from hirflow.streams.config import load
+    from hirflow.streams.demo import run_demo
 
     cfg = load(env={})
     rc = run_demo(cfg, tmp_path / "demo", events=240_000, rate=2_000, duration=None,
@@ -63,7 +63,7 @@ def test_demo_trains_swaps_and_reports(tmp_path, capsys):
 
 
 def test_endpoint_flags_mark_the_first_change_of_each_touched_pair():
-    from streams.freshness_watch import endpoint_flags, touched_keys
+    from hirflow.streams.freshness_watch import endpoint_flags, touched_keys
     touched = set(touched_keys(Engagement("user:1", "ad:1", "click", T0))) | set(touched_keys(Entity("ad:2", T0)))
     keys = [("user:1", T0), ("ad:9", T0), ("user:1", T0), ("ad:1", T0), ("ad:2", T0)]
     assert endpoint_flags(keys, touched).tolist() == [True, False, False, True, True]

@@ -6,15 +6,15 @@ import shutil
 import threading
 import time
 
-from state.events import Engagement
-from streams.hotswap import CheckpointWatcher
-from streams.metrics import CHECKPOINTS_REFUSED, INDEX_SWITCHES
-from streams.query import QueryService
-from streams.subscribe import Subscriber
-from streams.topics import Topics
+from hirflow.state.events import Engagement
+from hirflow.streams.hotswap import CheckpointWatcher
+from hirflow.streams.metrics import CHECKPOINTS_REFUSED, INDEX_SWITCHES
+from hirflow.streams.query import QueryService
+from hirflow.streams.subscribe import Subscriber
+from hirflow.streams.topics import Topics
 from tests.conftest import replace_section
 from tests.streams.refresh_helpers import assert_index_matches_state, loop_over, settle
-from trainer.publish import announce
+from hirflow.trainer.publish import announce
 
 
 def _announce(cfg, path):
@@ -30,7 +30,7 @@ def test_hot_swap_under_load_flips_once_and_refuses_a_tampered_checkpoint(cfg, t
     try:
         settle(loop, 200)
         gen0, switches0, refused0 = loop.gen, INDEX_SWITCHES._value.get(), CHECKPOINTS_REFUSED._value.get()
-        q = QueryService(loop)
+        q = QueryService.of(loop)
         user = next(n for n in loop.memory.ids if n.startswith("user:"))
         assert q.retrieve({"user": user, "k": "10"})["results"]
         prim = int(loop.memory.assign[loop.memory.row(user), 0])
@@ -69,7 +69,7 @@ def test_hot_swap_under_load_flips_once_and_refuses_a_tampered_checkpoint(cfg, t
         deadline = time.monotonic() + 120
         i = 0
         gens = []
-        while loop.active.id != b.name or loop._announce or loop.building is not None:
+        while loop.active.id != b.name or loop.swap.busy:
             assert time.monotonic() < deadline, "hot swap did not finish"
             if i < len(rest):
                 writer.apply_batch([(e, 3) for e in rest[i:i + 20]])

@@ -3,15 +3,15 @@ import json
 
 import msgpack
 
-from state.events import Engagement, encode_engagement
-from state.graph import GraphStore
-from state.writer import GraphWriter
-from streams import clients
-from streams.deadletter import parse_headers
-from streams.ingest import IngestLoop
-from streams.replay import produce
-from streams.synth import SynthConfig, SynthWorld
-from streams.topics import Topics
+from hirflow.state.events import Engagement, encode_engagement
+from hirflow.state.graph import GraphStore
+from hirflow.state.writer import GraphWriter
+from hirflow.streams import clients
+from hirflow.streams.deadletter import parse_headers
+from hirflow.streams.ingest import IngestLoop
+from hirflow.streams.replay import produce
+from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.topics import Topics
 from tests.conftest import replace_section
 from tests.state.helpers import apply_direct, assert_same_state, digest
 from tests.streams.kafka_helpers import assert_ingest_equals_direct, committed_total, drain, run_until

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from state.events import Engagement, Entity, Validator, as_dict
-from streams import config as config_mod
-from streams.adapters import online_retail as orr
-from streams.replay import ReplayError, detect_format, read_events
+from hirflow.state.events import Engagement, Entity, Validator, as_dict
+from hirflow.streams import config as config_mod
+from hirflow.streams.adapters import online_retail as orr
+from hirflow.streams.replay import ReplayError, detect_format, read_events
 
 DATA = Path(__file__).parents[1] / "data" / "online_retail_sample.csv"
 CONFIG = Path(__file__).parents[2] / "configs" / "online_retail.toml"

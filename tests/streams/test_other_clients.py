@@ -11,10 +11,10 @@ import json
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from state.events import Engagement
-from state.keys import partition_of
-from streams import changes, clients
-from streams.topics import Topics, ensure_topics
+from hirflow.state.events import Engagement
+from hirflow.state.keys import partition_of
+from hirflow.streams import changes, clients
+from hirflow.streams.topics import Topics, ensure_topics
 from tests.streams.kafka_helpers import assert_ingest_equals_direct
 
 NOW = 1_767_225_600_000

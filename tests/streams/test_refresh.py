@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from state.edge_columns import EdgeColumns
-from state.events import Engagement, Entity
-from state.index import NO_PRIMITIVE
-from state.view_source import LocalViews
-from streams.subscribe import Subscriber
+from hirflow.state.edge_columns import EdgeColumns
+from hirflow.state.events import Engagement, Entity
+from hirflow.state.index import NO_PRIMITIVE
+from hirflow.state.view_source import LocalViews
+from hirflow.streams.subscribe import Subscriber
 from tests.conftest import replace_section
 from tests.streams.refresh_helpers import assert_index_matches_state, loop_over, settle
 
@@ -125,7 +125,7 @@ def test_no_change_is_published_when_nothing_visible_changed(cfg, tiny_world, ti
 def test_a_node_dirtied_again_while_it_is_encoded_stays_dirty(cfg, tiny_world):
     store, writer, loop = loop_over(cfg, tiny_world[:200])
     try:
-        claimed = writer.claim_dirty(10_000)
+        claimed = writer.dirty.claim(10_000)
         node = next(iter(claimed))
         e = Engagement(node, "ad:late", "click", max(claimed.values()) + 10, 1.0)
         writer.apply_batch([(e, 3)])             # arrives while the batch is being encoded
@@ -177,7 +177,7 @@ def test_a_hub_touched_between_every_two_commits_is_refreshed_for_its_durable_pa
         writer.apply_batch([(Engagement(hub, "ad:x1", "click", t + 10, 1.0), 3)])
         writer.commit()
         writer.apply_batch([(Engagement(hub, "ad:x2", "click", t + 20, 1.0), 3)])   # not durable
-        claimed = writer.claim_dirty(10_000)
+        claimed = writer.dirty.claim(10_000)
         assert claimed[hub] == t + 10 and writer.dirty[hub] == t + 20
         assert "ad:x1" in claimed and "ad:x2" not in claimed
         loop.refresh(claimed, claimed)
@@ -185,9 +185,9 @@ def test_a_hub_touched_between_every_two_commits_is_refreshed_for_its_durable_pa
         assert hub in store.reader.dirty() and "ad:x1" not in store.reader.dirty()
         writer.commit()
         writer.apply_batch([(Engagement("ad:x3", "ad:x4", "click", t + 30, 1.0), 3)])
-        again = writer.claim_dirty(10_000)
+        again = writer.dirty.claim(10_000)
         assert again[hub] == t + 20 and not {"ad:x3", "ad:x4"} & set(again)
-        writer.unclaim(again)
+        writer.dirty.unclaim(again)
         writer.commit()
         settle(loop)
         assert loop.index.records(loop.gen, [hub])[0].event_ts == t + 20
@@ -214,7 +214,7 @@ def test_cli_subscribe_prints_changes_and_export_writes_the_index(cfg, tiny_worl
 
     from click.testing import CliRunner
 
-    from streams.cli import cli
+    from hirflow.streams.cli import cli
     store, writer, loop = loop_over(cfg, tiny_world[:200])
     try:
         settle(loop)
@@ -251,13 +251,14 @@ def test_neighbours_of_a_moved_node_are_queued_once_and_served_by_a_dirty_claim(
         heavy = list(dict.fromkeys(heavy))
         assert len(heavy) >= 2
         edges = EdgeColumns.from_states([hub.id], {hub.id: hub}, store.schema.action_codes())
-        loop._queue_neighbors([0], edges, {hub.id: 5, heavy[0]: 5})
-        assert list(loop._neighbors) == heavy[1:] and set(loop._neighbors.values()) == {5}
+        loop.neighbors.queue([0], edges, {hub.id: 5, heavy[0]: 5}, skip={})
+        waiting = loop.neighbors.waiting()
+        assert list(waiting) == heavy[1:] and set(waiting.values()) == {5}
         nbr = heavy[1]
         writer.apply_batch([(Engagement(nbr, "ad:fresh", "click", 9_000, 1.0), 3)])
         writer.commit()
         loop.run_once()
-        assert nbr not in loop._neighbors
+        assert nbr not in loop.neighbors
         assert loop.index.records(loop.gen, [nbr])[0].event_ts == 9_000
     finally:
         loop.close()

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from state.events import Validator
-from state.graph import GraphStore
-from state.writer import GraphWriter
-from streams.cli import cli
-from streams.ingest import IngestLoop
-from streams.replay import ReplayError, read_events
-from streams.topics import Topics
+from hirflow.state.events import Validator
+from hirflow.state.graph import GraphStore
+from hirflow.state.writer import GraphWriter
+from hirflow.streams.cli import cli
+from hirflow.streams.ingest import IngestLoop
+from hirflow.streams.replay import ReplayError, read_events
+from hirflow.streams.topics import Topics
 from tests.conftest import make_config
 from tests.streams.kafka_helpers import run_until
 
@@ -36,7 +36,7 @@ def test_unknown_config_key_is_a_usage_error():
 def replay_file(broker, tmp_path, config: str, data: Path, partitions: int) -> tuple[dict, object]:
     """`hirflow --config CONFIG topics create` and `replay DATA` through the broker, as a user
     runs them -> (the replay's JSON stats, the config to ingest them with)."""
-    from streams.config import load
+    from hirflow.streams.config import load
     cfg = make_config(tmp_path, broker.bootstrap)
     base = ["--config", config, "--bootstrap", broker.bootstrap,
             "--topic-prefix", cfg.kafka.topic_prefix, "--partitions", str(partitions)]
@@ -86,7 +86,7 @@ def test_synth_files_replay_and_bad_file_is_named(tmp_path):
 
 
 def test_synth_is_deterministic_by_seed():
-    from streams.synth import SynthConfig, SynthWorld
+    from hirflow.streams.synth import SynthConfig, SynthWorld
     a = list(SynthWorld(SynthConfig(events=800, users=40, seed=4)).stream())
     b = list(SynthWorld(SynthConfig(events=800, users=40, seed=4)).stream())
     c = list(SynthWorld(SynthConfig(events=800, users=40, seed=5)).stream())
@@ -96,7 +96,7 @@ def test_synth_is_deterministic_by_seed():
 def test_synth_locality_plants_the_coarse_level_in_users_interests():
     """With locality 1 every user's interests share its first one's coarse interest; the
     rest of the world (ads, texts, which users drift) is the same as with locality 0."""
-    from streams.synth import SynthConfig, SynthWorld
+    from hirflow.streams.synth import SynthConfig, SynthWorld
     plain = SynthWorld(SynthConfig(users=300, seed=4))
     local = SynthWorld(SynthConfig(users=300, seed=4, locality=1.0))
     per_coarse = plain.cfg.mid * plain.cfg.fine

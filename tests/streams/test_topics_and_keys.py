@@ -1,8 +1,8 @@
 from confluent_kafka.admin import AdminClient
 
-from state.keys import partition_of
-from streams import clients
-from streams.topics import Topics, ensure_topics
+from hirflow.state.keys import partition_of
+from hirflow.streams import clients
+from hirflow.streams.topics import Topics, ensure_topics
 
 
 def test_topics_are_created_once_and_idempotently(cfg):

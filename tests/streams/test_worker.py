@@ -6,16 +6,16 @@ import time
 
 import pytest
 
-from state.events import Engagement, Entity, encode_entity
-from state.graph import GraphStore
-from state.index import TokenIndex
-from streams import changes, clients
-from streams.replay import produce
-from streams.synth import SynthConfig, SynthWorld
-from streams.topics import Topics
+from hirflow.state.events import Engagement, Entity, encode_entity
+from hirflow.state.graph import GraphStore
+from hirflow.state.index import TokenIndex
+from hirflow.streams import changes, clients
+from hirflow.streams.replay import produce
+from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.topics import Topics
+from hirflow.streams.worker_process import WorkerProcess
 from tests.state.helpers import apply_direct, assert_same_state, digest
 from tests.streams.kafka_helpers import committed_total
-from tests.streams.worker_proc import WorkerProcess
 
 
 @pytest.fixture
@@ -24,7 +24,8 @@ def workers(cfg, tmp_path):
     started: list[WorkerProcess] = []
 
     def start(env: dict | None = None) -> WorkerProcess:
-        started.append(WorkerProcess(cfg, tmp_path / "worker.log", env).start())
+        fast_metrics = {"HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5"}    # gauges the tests poll
+        started.append(WorkerProcess(cfg, tmp_path / "worker.log", {**fast_metrics, **(env or {})}).start())
         return started[-1]
 
     yield start

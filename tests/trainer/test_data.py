@@ -1,10 +1,10 @@
 """Reading up to a cutoff on the real (embedded) broker, chronological windows, chunk shuffles."""
 import numpy as np
 
-from state.events import Engagement, Validator
-from streams.replay import produce
-from streams.topics import Topics
-from trainer.data import chronological_windows, read_topic, split, time_chunked_order
+from hirflow.state.events import Engagement, Validator
+from hirflow.streams.replay import produce
+from hirflow.streams.topics import Topics
+from hirflow.trainer.data import chronological_windows, read_topic, split, time_chunked_order
 
 T0 = 1_767_225_600_000
 HOUR = 3_600_000
@@ -43,7 +43,7 @@ def test_windows_are_consecutive_and_chunks_only_shuffle_inside():
 
 
 def test_chunk_plan_passes_reshuffle_each_chunk():
-    from trainer.pipeline import chunk_plan
+    from hirflow.trainer.pipeline import chunk_plan
     evs = [Engagement(f"user:{i % 7}", f"ad:{i % 5}", "click", T0 + i * HOUR // 4) for i in range(400)]
     one = chunk_plan(evs, 24 * HOUR, 16, 100, seed=0)
     two = chunk_plan(evs, 24 * HOUR, 16, 100, seed=0, passes=2)

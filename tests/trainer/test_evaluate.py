@@ -2,13 +2,13 @@ import json
 
 import numpy as np
 
-from state.events import Engagement
-from streams.synth import SynthConfig, SynthWorld
+from hirflow.state.events import Engagement
+from hirflow.streams.synth import SynthConfig, SynthWorld
 from tests.trainer.test_train import small
-from trainer.data import chronological_windows
-from trainer import baselines as B
-from trainer.evaluate import evaluate
-from trainer.train import train
+from hirflow.trainer.data import chronological_windows
+from hirflow.trainer import baselines as B
+from hirflow.trainer.evaluate import evaluate
+from hirflow.trainer.train import train
 
 
 def interest_vectors(labels, dim=384, seed=0):
@@ -60,7 +60,7 @@ def test_evaluation_end_to_end_writes_metrics_and_plots(tmp_path):
 
 
 def test_category_labels_are_compared_with_every_level():
-    from trainer.evaluate import _hierarchy, category_labels
+    from hirflow.trainer.evaluate import _hierarchy, category_labels
     evs = [Engagement(f"product:{i}", f"category:{i % 3}", "belongs_to", 1) for i in range(30)]
     labels = category_labels(evs)
     assert labels["product:4"] == labels["product:7"] != labels["product:5"]

@@ -1,8 +1,8 @@
 """The freshness-value replay: which engagements become queries, and that staleness is honoured."""
 import numpy as np
 
-from state.events import Engagement
-from trainer.freshness_value import DAY, HOUR, freshness_value, queries
+from hirflow.state.events import Engagement
+from hirflow.trainer.freshness_value import DAY, HOUR, freshness_value, queries
 
 POS = {"click", "conversion"}
 
@@ -28,11 +28,11 @@ def test_queries_are_hourly_new_items_known_before_the_window():
 
 def test_recall_per_staleness_on_a_trained_model(tmp_path):
     """Fresh and stale embeddings give recalls in [0, 1] for every staleness, one per query."""
-    from streams.synth import SynthConfig, SynthWorld
+    from hirflow.streams.synth import SynthConfig, SynthWorld
     from tests.trainer.test_train import small
-    from trainer.data import chronological_windows
-    from trainer.evaluate import item_types, load_model, positive_actions
-    from trainer.train import train
+    from hirflow.trainer.data import chronological_windows
+    from hirflow.trainer.evaluate import item_types, load_model, positive_actions
+    from hirflow.trainer.train import train
     world = SynthWorld(SynthConfig(events=1500, users=50, advertisers=4, span_days=4, seed=3))
     evs = [e for e in world.stream() if isinstance(e, Engagement)]
     w = chronological_windows([e.ts for e in evs], train=0.8, val=0.1)

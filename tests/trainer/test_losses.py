@@ -3,9 +3,9 @@ import ot
 import pytest
 import torch
 
-from trainer.losses import (distillation_loss, engagement_loss, hierarchy_consistency_loss,
+from hirflow.trainer.losses import (distillation_loss, engagement_loss, hierarchy_consistency_loss,
                             sinkhorn_knopp, usage_entropy)
-from trainer.schedules import cosine, teacher_momentum
+from hirflow.trainer.schedules import cosine, teacher_momentum
 
 
 @pytest.mark.parametrize("V,K,eps", [(64, 16, 0.5), (200, 32, 0.2), (50, 128, 1.0)])
@@ -81,7 +81,7 @@ def test_schedules_have_their_length_and_ends():
 
 def test_in_batch_softmax_uses_the_batch_as_negatives_and_spares_other_positives():
     import torch.nn.functional as F
-    from trainer.losses import in_batch_softmax_loss
+    from hirflow.trainer.losses import in_batch_softmax_loss
     emb = F.normalize(torch.randn(6, 8), dim=-1)
     types = torch.tensor([0, 0, 1, 1, 1, 2])            # users 0, 1; items 2, 3, 4; other 5
     src, dst = torch.tensor([0, 0, 1]), torch.tensor([2, 3, 4])

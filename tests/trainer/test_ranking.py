@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from state.events import Engagement
-from trainer import baselines as B
-from trainer.ranking import bootstrap_ci, paired_ratio_ci, per_user_metrics, ranking_task
+from hirflow.state.events import Engagement
+from hirflow.trainer import baselines as B
+from hirflow.trainer.ranking import bootstrap_ci, paired_ratio_ci, per_user_metrics, ranking_task
 
 POS = {"click", "conversion"}
 

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from encoder.checkpoint import load
-from encoder.model import EncoderConfig
-from encoder.quantize import QuantizerConfig
-from state.events import Engagement
-from state.schema import SchemaConfig
-from streams.synth import SynthConfig, SynthWorld
-from trainer.train import NonFiniteLoss, TrainConfig, train
+from hirflow.encoder.checkpoint import load
+from hirflow.encoder.model import EncoderConfig
+from hirflow.encoder.quantize import QuantizerConfig
+from hirflow.state.events import Engagement
+from hirflow.state.schema import SchemaConfig
+from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.trainer.train import NonFiniteLoss, TrainConfig, train
 
 
 def events():
@@ -59,7 +59,7 @@ def test_same_data_config_and_seed_give_a_byte_identical_checkpoint_for_any_samp
 
 def interrupt_on_third_chunk(monkeypatch, schema, enc, cfg, out):
     """Run training into `out` and kill it (an exception in the state write) at chunk 3."""
-    from state.writer import GraphWriter
+    from hirflow.state.writer import GraphWriter
     real, calls = GraphWriter.apply_batch, []
 
     def crash(self, batch):
@@ -91,7 +91,7 @@ def test_an_interrupted_run_resumes_to_the_same_checkpoint(tmp_path, monkeypatch
 
 
 def test_resume_refuses_a_snapshot_of_other_data(tmp_path, monkeypatch):
-    from trainer.resume import ResumeError
+    from hirflow.trainer.resume import ResumeError
     schema, enc, cfg = small(tmp_path)
     interrupt_on_third_chunk(monkeypatch, schema, enc, cfg, tmp_path / "run")
     with pytest.raises(ResumeError, match="other data"):
@@ -119,7 +119,7 @@ def synth_world_and_flags(cfg, tmp_path) -> list[str]:
     """A small synthetic world under tmp_path/w; -> the CLI flags of the test's broker."""
     from click.testing import CliRunner
 
-    from streams.cli import cli
+    from hirflow.streams.cli import cli
     r = CliRunner().invoke(cli, ["synth", "--out", str(tmp_path / "w"), "--events", "1200",
                                  "--users", "50", "--span-days", "4"])
     assert r.exit_code == 0, r.output
@@ -132,8 +132,8 @@ def test_cli_trains_from_a_file_and_announces_the_checkpoint(cfg, tmp_path):
     import msgpack
     from click.testing import CliRunner
 
-    from streams.cli import cli
-    from streams.topics import Topics
+    from hirflow.streams.cli import cli
+    from hirflow.streams.topics import Topics
     from tests.streams.kafka_helpers import drain
     base = synth_world_and_flags(cfg, tmp_path)
     r = CliRunner().invoke(cli, base + ["train", "--input", str(tmp_path / "w" / "engagements.jsonl"),
@@ -152,8 +152,8 @@ def test_cli_trains_every_period_and_chains_the_checkpoints(cfg, tmp_path):
     import msgpack
     from click.testing import CliRunner
 
-    from streams.cli import cli
-    from streams.topics import Topics
+    from hirflow.streams.cli import cli
+    from hirflow.streams.topics import Topics
     from tests.streams.kafka_helpers import drain
     base = synth_world_and_flags(cfg, tmp_path)
     r = CliRunner().invoke(cli, base + ["train", "--input", str(tmp_path / "w" / "engagements.jsonl"),
@@ -171,7 +171,7 @@ def test_cli_trains_every_period_and_chains_the_checkpoints(cfg, tmp_path):
 
 
 def test_run_every_keeps_the_last_good_checkpoint_after_a_failed_round(tmp_path):
-    from trainer.runs import RunOptions, parse_duration, run_every
+    from hirflow.trainer.runs import RunOptions, parse_duration, run_every
     schema, enc, cfg = small(tmp_path)
     evs = events()
     calls = []

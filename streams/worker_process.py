@@ -1,20 +1,51 @@
-"""Run `hirflow worker` as a real process for tests (so it can be killed with SIGKILL)."""
+"""`hirflow worker` as a child process, configured through its environment: the demo runs
+its worker this way, and so do the tests and benchmarks that must kill it (SIGKILL) or
+measure it from outside (its /metrics page)."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import sys
+import re
 import time
 import urllib.request
 
-from streams.broker import free_port
-from streams.config import HirflowConfig
-from streams.demo import scrape
+from hirflow.streams.broker import free_port
+from hirflow.streams.config import HirflowConfig
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Sum each metric family over its labels from a Prometheus text page."""
+    out: dict[str, float] = {}
+    with urllib.request.urlopen(url, timeout=2) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEnaNIf]+)", line)
+            if m:
+                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+    return out
+
+
+def wait_http(url: str, timeout: float) -> bool:
+    """Whether `url` answered within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return True
+        except Exception:
+            time.sleep(0.3)
+    return False
 
 
 class WorkerProcess:
-    def __init__(self, cfg: HirflowConfig, log_path, extra_env: dict | None = None) -> None:
+    """One worker process on `cfg`'s broker, topics and state directory, its API on a free
+    loopback port; its output goes to `log_path`."""
+
+    def __init__(self, cfg: HirflowConfig, log_path, extra_env: dict | None = None,
+                 log_level: str = "INFO") -> None:
         self.port = free_port()
         self.env = {**os.environ,
                     "HIRFLOW_KAFKA__BOOTSTRAP": cfg.kafka.bootstrap,
@@ -22,14 +53,14 @@ class WorkerProcess:
                     "HIRFLOW_KAFKA__PARTITIONS": str(cfg.kafka.partitions),
                     "HIRFLOW_GRAPH__PATH": cfg.graph.path,
                     "HIRFLOW_WORKER__WEB_PORT": str(self.port),
-                    "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5",
                     **(extra_env or {})}
         self.log_path = log_path
+        self.log_level = log_level
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "WorkerProcess":
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "streams.cli", "--log-level", "INFO",
+        self.proc = subprocess.Popen([sys.executable, "-m", "hirflow.streams.cli", "--log-level", self.log_level,
                                       "worker", "--no-create-topics"], env=self.env,
                                      stdout=log, stderr=subprocess.STDOUT)
         return self
@@ -66,7 +97,7 @@ class WorkerProcess:
         self.proc.wait(10)
 
     def close(self) -> None:
-        """Kill the worker if a failed test left it running (its sampling child then exits on
+        """Kill the worker if a failed run left it running (its sampling child then exits on
         EOF); an orphaned worker would load the machine for every later run."""
         if self.proc is not None and self.proc.poll() is None:
             self.kill9()
@@ -83,10 +114,14 @@ class WorkerProcess:
             except OSError:
                 pass
             time.sleep(0.2)
+        return self.terminate()
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM now, SIGKILL after `timeout` seconds -> the exit status."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(30)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

@@ -1,7 +1,8 @@
-"""Random views for encoder tests (no store needed)."""
+"""Random views of valid structure (edges between distinct nodes of the view, codes in range),
+so encoder tests and the attention benchmark run without a store."""
 import numpy as np
 
-from state.views import N_STATS, View
+from hirflow.state.views import N_STATS, View
 
 
 def random_view(rng, n: int, e: int | None = None, prefix: str = "user", n_types: int = 6,

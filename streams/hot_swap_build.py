@@ -1,0 +1,191 @@
+"""A hot swap, run a slice at a time by the refresh thread: a new checkpoint's generation is
+built beside the serving one, switched to in one write, and its token changes announced.
+
+1. start: load the announced checkpoint (refused with a log line and a metric when it does
+   not load or its content id differs from the announced one), mark the generation being
+   built in RocksDB, list every node to re-encode;
+2. build: re-encode the list within `swap_rate` nodes per second; meanwhile the refresh of
+   dirty nodes writes both generations (`RefreshLoop.refresh`), so none goes stale;
+3. switch: one RocksDB write makes the new generation the serving one; the old is dropped;
+4. announce: token changes for every node under the new model, a micro-batch at a time;
+   idempotent (nodes whose published model already matches are skipped), so a restart can
+   run it again.
+A swap cut short by a restart starts over from step 1 (`resume`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from hirflow.encoder.serving import ServingModel
+from hirflow.state.graph import GraphStore
+from hirflow.state.index import ACTIVE_KEY, ANNOUNCE_PASS_KEY, BUILDING_KEY, IndexRecord, TokenIndex
+from hirflow.state.memindex import MemoryIndex
+from hirflow.state.supergraph import SuperGraph
+from hirflow.streams import changes
+from hirflow.streams.config import RefreshConfig
+from hirflow.streams.generation_writer import GenerationWriter
+from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_SWITCHES, MODEL_INFO,
+                                     NODES_REFRESHED, SWAP_PROGRESS)
+from hirflow.streams.rate_budget import RateBudget
+from hirflow.streams.serving_snapshot import ServingSnapshot, empty_memory
+from hirflow.streams.token_outbox import TokenOutbox
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Build:
+    """A generation being built for a new checkpoint."""
+    gen: int
+    model: ServingModel
+    memory: MemoryIndex
+    todo: list[str]
+    done: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class HotSwapBuild:
+    """Owned by the refresh thread; `request` is the one call other threads make."""
+
+    def __init__(self, rcfg: RefreshConfig, store: GraphStore, index: TokenIndex,
+                 supergraph: SuperGraph, views, writer: GenerationWriter, outbox: TokenOutbox,
+                 load: Callable[[str], ServingModel | None], types: list[str]) -> None:
+        self.rcfg, self.store, self.index, self.supergraph = rcfg, store, index, supergraph
+        self.views, self.writer, self.outbox, self.load, self.types = views, writer, outbox, load, types
+        self.requests: deque[dict] = deque()     # appended by the checkpoint watcher's thread
+        self.building: Build | None = None
+        self._announce: list[str] = []
+        self.budget = RateBudget(rcfg.swap_rate)
+
+    def request(self, announcement: dict) -> None:
+        self.requests.append(announcement)
+
+    def resume(self, serving: ServingSnapshot) -> None:
+        """At start-up: a swap cut short starts over; an announce pass left unfinished runs."""
+        building = self.index.building()
+        if building is not None:
+            log.info("resuming the hot swap to %s (generation %d) from the start",
+                     building.model, building.gen)
+            self.requests.append({"id": building.model, "path": building.path})
+        if self.index.announce_pending() == serving.gen:
+            self._announce = list(serving.memory.ids)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.requests) or self.building is not None or bool(self._announce)
+
+    def step(self, serving: ServingSnapshot) -> ServingSnapshot | None:
+        """One slice of swap work -> the new serving snapshot when this slice switched."""
+        if self.requests and self.building is None:
+            self._start(self.requests.pop(), serving)
+            self.requests.clear()                # only the newest announcement matters
+        if self.building is not None:
+            return self._build_step(serving)
+        if self._announce:
+            self._announce_step(serving)
+        return None
+
+    def _start(self, ann: dict, serving: ServingSnapshot) -> None:
+        ck_id, path = ann.get("id"), ann.get("path")
+        if ck_id == serving.model.id and self.index.building() is None:
+            return
+        model = self.load(path)
+        if model is None:
+            b = self.index.batch()
+            b.set_meta(BUILDING_KEY, None)
+            b.commit()
+            return
+        if ck_id and model.id != ck_id:
+            CHECKPOINTS_REFUSED.inc()
+            log.error("refusing checkpoint %s: announced as %s but its content id is %s",
+                      path, ck_id, model.id)
+            return
+        gen = (serving.gen + 1) & 0xFFFF
+        self.index.clear_generation(gen)
+        self.supergraph.clear_generation(gen)
+        b = self.index.batch()
+        b.set_meta(BUILDING_KEY, [gen, model.id, model.path])
+        b.commit()
+        todo = sorted(set(serving.memory.ids) | set(self.store.reader.node_ids()))
+        self.building = Build(gen, model, empty_memory(gen, model, self.types), todo)
+        self.budget.reset()
+        SWAP_PROGRESS.set(0.0)
+        log.info("hot swap to %s started: re-encoding %d nodes into generation %d",
+                 model.id, len(todo), gen)
+
+    def _build_step(self, serving: ServingSnapshot) -> ServingSnapshot | None:
+        b = self.building
+        n = min(self.rcfg.batch_max, self.budget.available(), len(b.todo) - b.done)
+        if n > 0:
+            ids = b.todo[b.done:b.done + n]
+            ts = int(time.time() * 1000)
+            sampled = self.views.sample(ids, ts, b.model.packer)
+            olds = {r.node: r for r in self.index.records(serving.gen, ids) if r is not None}
+            event_ts = {i: (olds[i].event_ts if i in olds else ts) for i in ids}
+            batch = self.index.batch()
+            out = self.writer.stage(batch, b.gen, b.model, b.memory, ids, sampled,
+                                    event_ts, ts, publish=False)
+            batch.commit()
+            self.writer.apply(out, b.memory)
+            b.done += n
+            self.budget.spend(n)
+            NODES_REFRESHED.labels("hot_swap").inc(n)
+        SWAP_PROGRESS.set(b.done / max(1, len(b.todo)))
+        return self._switch(serving) if b.done >= len(b.todo) else None
+
+    def _switch(self, old: ServingSnapshot) -> ServingSnapshot:
+        """Flip the serving generation in one write, then queue the announce pass."""
+        b = self.building
+        batch = self.index.batch()
+        batch.set_meta(ACTIVE_KEY, [b.gen, b.model.id, b.model.path])
+        batch.set_meta(BUILDING_KEY, None)
+        batch.set_meta(ANNOUNCE_PASS_KEY, b.gen)
+        batch.commit()
+        b.memory.compact()
+        self.building = None
+        self._announce = list(b.memory.ids)
+        INDEX_SWITCHES.inc()
+        try:
+            MODEL_INFO.remove(old.model.id)
+        except KeyError:
+            pass
+        self.index.clear_generation(old.gen)
+        self.supergraph.clear_generation(old.gen)
+        log.info("switched to %s: generation %d serving %d nodes (hot swap took %.1fs)",
+                 b.model.id, b.gen, len(b.memory), time.monotonic() - b.started)
+        return ServingSnapshot(b.gen, b.model, b.memory)
+
+    def _announce_step(self, serving: ServingSnapshot) -> None:
+        """Token changes for the new model, one micro-batch of nodes."""
+        ids, self._announce = self._announce[:self.rcfg.batch_max], self._announce[self.rcfg.batch_max:]
+        recs = self.index.records(serving.gen, ids)
+        pubs = self.index.published(ids)
+        ts = int(time.time() * 1000)
+        batch = self.index.batch()
+        out = []
+        for rec, pub in zip(recs, pubs):
+            if rec is None:
+                continue
+            seq = pub[0] if pub is not None else rec.seq
+            c = changes.diff(rec.node, rec.model, seq + 1, rec.tokens, rec.assign, pub, ts, ts)
+            if c is None:
+                continue
+            batch.publish(rec.node, c.seq, rec.model, c.tokens, c.assign, changes.encode(c))
+            batch.put_record(serving.gen, IndexRecord(rec.node, rec.model, c.seq, rec.emb, rec.tokens,
+                                                      rec.assign, rec.event_ts, rec.ts), rec)
+            out.append(c)
+        if not self._announce:
+            batch.set_meta(ANNOUNCE_PASS_KEY, None)
+        batch.commit()
+        for c in out:
+            serving.memory.set_seq(c.node, c.seq)
+        self.outbox.send(out, fresh=False)
+
+    def status(self) -> dict | None:
+        b = self.building
+        return None if b is None else {"model": b.model.id, "generation": b.gen,
+                                       "done": b.done, "total": len(b.todo)}
