@@ -285,67 +285,74 @@ def _text_encode(enabled: bool):
 @click.option("--entities", "entities_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Entity file (texts for world knowledge), e.g. entities.jsonl of `hirflow synth`.")
 @click.option("--cutoff", help="Use events up to this time (ms or YYYY-MM-DD; default: now).")
-@click.option("--train-share", type=float, default=0.8, show_default=True,
+@click.option("--train-share", type=float,
               help="Share of the events, in time order, used for training (then 10%% validation, "
-                   "the rest test).")
-@click.option("--window", help="Only the data of this long before the cutoff, e.g. 14d (default: all).")
+                   "the rest test) [train.train_share, 0.8].")
+@click.option("--window", help="Only the data of this long before the cutoff, e.g. 14d "
+                               "[train.window, all].")
 @click.option("--every", help="Train periodically, e.g. 1h: each round takes the data up to now "
-                              "and continues the previous checkpoint (its parent).")
-@click.option("--rounds", type=int, help="With --every: stop after this many rounds.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("var/checkpoints"), show_default=True)
+                              "and continues the previous checkpoint (its parent) [train.every].")
+@click.option("--rounds", type=int, help="With --every: stop after this many rounds [train.rounds].")
+@click.option("--out", help="Checkpoints directory [train.out, var/checkpoints].")
 @click.option("--init", "init_path", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Start from this checkpoint's weights; it becomes the parent.")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run of the same data in --out.")
-@click.option("--levels", help="Prototypes per level, coarse to fine, e.g. 4,16,64 "
-                               "(default 16,128,1024).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--levels", help="Prototypes per level of a new model, coarse to fine, e.g. 4,16,64 "
+                               "[encoder.levels, 16,128,1024].")
+@click.option("--seed", type=int, help="Training seed [train.seed, 0].")
 @click.option("--steps-per-chunk", type=int,
-              help="Most steps per pass over a 24 h chunk (default: as many as its events fill).")
-@click.option("--objective", type=click.Choice(["softmax", "bce"]), default="softmax", show_default=True,
+              help="Most steps per pass over a 24 h chunk [train.steps_per_chunk, as many as "
+                   "its events fill].")
+@click.option("--objective", type=click.Choice(["softmax", "bce"]),
               help="softmax: in-batch sampled softmax over each batch's items (retrieval); bce: "
-                   "DistMult engagement prediction against sampled negatives.")
-@click.option("--passes", type=int, default=1, show_default=True,
-              help="Shuffled passes over each chunk's events.")
-@click.option("--centre-types/--no-centre-types", default=True, show_default=True,
+                   "DistMult engagement prediction against sampled negatives [train.objective, softmax].")
+@click.option("--passes", type=int, help="Shuffled passes over each chunk's events [train.passes, 1].")
+@click.option("--centre-types/--no-centre-types", default=None,
               help="Fit and assign primitives to embeddings less their node type's mean (a "
-                   "hierarchy by interest, not by type); retrieval keeps the plain embedding.")
-@click.option("--sample-workers", type=int, default=1, show_default=True,
-              help="Threads sampling views ahead of the model (0: inline).")
-@click.option("--knowledge/--no-knowledge", default=True, show_default=True,
-              help="Use entity texts (MiniLM world knowledge), as the worker does.")
-@click.option("--announce/--no-announce", default=True, show_default=True,
-              help="Announce each checkpoint on hirflow.checkpoints when it is complete.")
+                   "hierarchy by interest, not by type); retrieval keeps the plain embedding "
+                   "[train.centre_types, on].")
+@click.option("--sample-workers", type=int,
+              help="Threads sampling views ahead of the model, 0: inline [train.sample_workers, 1].")
+@click.option("--knowledge/--no-knowledge", default=None,
+              help="Use entity texts (MiniLM world knowledge), as the worker does [train.knowledge, on].")
+@click.option("--announce/--no-announce", default=None,
+              help="Announce each checkpoint on hirflow.checkpoints when it is complete "
+                   "[train.announce, on].")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.pass_obj
 def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window, every, rounds,
           out, init_path, resume, levels, seed, steps_per_chunk, objective, passes, centre_types,
           sample_workers, knowledge, announce, progress):
     """Train a checkpoint on the training window of the data (strict time cutoff), once or
-    periodically (--every)."""
+    periodically (--every). Settings come from the [train], [encoder] and [quantizer] config
+    sections; each flag overrides the key named in brackets."""
     from hirflow.encoder.checkpoint import CheckpointError, load as load_ckpt
     from hirflow.streams.topics import Topics
+    from hirflow.streams.train_options import run_options
     from hirflow.trainer.publish import announce as do_announce
     from hirflow.trainer.resume import ResumeError
-    from hirflow.trainer.runs import RunOptions, levels_from, parse_duration, run_every, run_once
-    from hirflow.trainer.train import NonFiniteLoss, TrainConfig
-    cfg = obj.config()
+    from hirflow.trainer.runs import parse_duration, run_every, run_once
+    from hirflow.trainer.train import NonFiniteLoss
+    cfg = obj.config(**{"train.train_share": train_share, "train.window": window,
+                        "train.every": every, "train.rounds": rounds, "train.out": out,
+                        "encoder.levels": levels, "train.seed": seed,
+                        "train.steps_per_chunk": steps_per_chunk, "train.objective": objective,
+                        "train.passes": passes, "train.centre_types": centre_types,
+                        "train.sample_workers": sample_workers, "train.knowledge": knowledge,
+                        "train.announce": announce})
+    tc = cfg.train
+    out = Path(tc.out)
     try:
-        opts = RunOptions(train_share=train_share, window_s=parse_duration(window) if window else None,
-                          levels=levels_from(levels), knowledge=knowledge, resume=resume,
-                          train=TrainConfig(seed=seed, max_steps_per_chunk=steps_per_chunk,
-                                            objective=objective, passes=passes, centre_types=centre_types,
-                                            sample_workers=sample_workers,
-                                            log_path=str(out / "train-log.jsonl")))
-        period = parse_duration(every) if every else None
+        opts = run_options(cfg, resume=resume, log_path=str(out / "train-log.jsonl"))
+        period = parse_duration(tc.every) if tc.every else None
         parent = load_ckpt(init_path) if init_path else None
     except (ValueError, CheckpointError) as exc:
         raise click.UsageError(str(exc)) from None
     conf = {"bootstrap.servers": cfg.kafka.bootstrap, **cfg.kafka.client}
     topic = Topics(cfg.kafka.topic_prefix).checkpoints
-    pub = (lambda path: do_announce(conf, topic, path)) if announce else None
+    pub = (lambda path: do_announce(conf, topic, path)) if tc.announce else None
     load = _data_loader(cfg, input_path, fmt, entities_path)
-    encode = _text_encode(knowledge)
+    encode = _text_encode(tc.knowledge)
 
     def report(res):
         out_ = {"checkpoint": str(res.checkpoint), "id": res.id, "parent": res.parent,
@@ -360,7 +367,7 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
             report(run_once(load, cut, cfg.schema, opts, out, parent, encode, pub, progress))
         else:
             for res in run_every(period, load, cfg.schema, opts, out, parent, encode, pub,
-                                 rounds=rounds, progress=progress):
+                                 rounds=tc.rounds, progress=progress):
                 report(res)
     except (ValueError, NonFiniteLoss, ResumeError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -378,9 +385,9 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
               help="labels.jsonl from `hirflow synth` (planted interests) for NMI / ARI.")
 @click.option("--category-labels", is_flag=True,
               help="Use `belongs_to` categories (Taobao) as the labels for NMI / ARI.")
-@click.option("--train-share", type=float, default=0.8, show_default=True,
+@click.option("--train-share", type=float,
               help="Training share of the events in time order; then 10%% validation (where "
-                   "baselines are tuned), the rest is the test window.")
+                   "baselines are tuned), the rest is the test window [train.train_share, 0.8].")
 @click.option("--quick-baselines", is_flag=True,
               help="One or two grid points per baseline instead of the full validation search.")
 @click.option("--knowledge/--no-knowledge", default=True, show_default=True)
@@ -395,7 +402,8 @@ def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, categ
     from hirflow.trainer.baselines import QUICK, STANDARD
     from hirflow.trainer.data import chronological_windows, world_knowledge
     from hirflow.trainer.evaluate import category_labels as categories, evaluate as run_eval
-    cfg = obj.config()
+    cfg = obj.config(**{"train.train_share": train_share})
+    train_share = cfg.train.train_share
     evs, ents = _data_loader(cfg, input_path, fmt, entities_path)(2 ** 62)
     if not evs:
         raise click.ClickException(f"{input_path}: no engagement events")

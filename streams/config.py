@@ -87,6 +87,68 @@ class RefreshConfig:
             raise ValueError(f"refresh.device must be auto, cpu or cuda, got {self.device!r}")
 
 
+OBJECTIVES = ("softmax", "bce")
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    out: str = "var/checkpoints"        # where checkpoints are written (then announced)
+    train_share: float = 0.8            # share of events, in time order, to train on; then
+                                        # 10% validation, the rest test
+    window: str = ""                    # only data this long before the cutoff, e.g. 14d ("": all)
+    every: str = ""                     # train periodically, e.g. 1h, each round continuing
+                                        # the previous checkpoint ("": once)
+    rounds: int | None = None           # with `every`: stop after this many rounds (unset: never)
+    seed: int = 0                       # same data, config and seed give the same checkpoint
+    steps_per_chunk: int | None = None  # most optimiser steps per pass over a 24 h chunk
+                                        # (unset: as many as its events fill)
+    objective: str = "softmax"          # softmax: in-batch sampled softmax over each batch's
+                                        # items (retrieval); bce: DistMult vs sampled negatives
+    passes: int = 1                     # shuffled passes over each chunk's events
+    centre_types: bool = True           # fit primitives to embeddings less their type's mean
+    sample_workers: int = 1             # threads sampling views ahead of the model (0: inline)
+    knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
+    announce: bool = True               # announce each complete checkpoint on hirflow.checkpoints
+
+    def __post_init__(self) -> None:
+        if not 0 < self.train_share < 1:
+            raise ValueError(f"train.train_share must be in (0, 1), got {self.train_share}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"train.objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.passes < 1 or self.sample_workers < 0 or (self.rounds is not None and self.rounds < 1) \
+                or (self.steps_per_chunk is not None and self.steps_per_chunk < 1):
+            raise ValueError("train.passes, rounds and steps_per_chunk must be >= 1, "
+                             "sample_workers >= 0")
+
+
+@dataclass(frozen=True)
+class EncoderSection:
+    """The shape of a new model; a run that continues a checkpoint keeps its parent's."""
+    levels: tuple[int, ...] = (16, 128, 1024)   # prototypes per level, coarse to fine
+    d_model: int = 64                   # transformer width (CPU serving: thousands of nodes/s)
+    n_heads: int = 4                    # attention heads (d_model must divide by it)
+    n_layers: int = 2                   # transformer layers
+    d_ff: int = 128                     # feed-forward width
+    d_emb: int = 64                     # output embedding and prototype dimension
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"encoder.d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
+        if list(self.levels) != sorted(self.levels) or not self.levels or min(self.levels) < 1:
+            raise ValueError(f"encoder.levels must be increasing and positive, got {self.levels}")
+
+
+@dataclass(frozen=True)
+class QuantizerSection:
+    """Bag-of-Meaning tokens of a new model."""
+    m: int = 8                          # tokens per node (codebooks)
+    nbits: int = 8                      # bits per token: 2^nbits codes per codebook
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.m <= 64 or not 1 <= self.nbits <= 16:
+            raise ValueError(f"quantizer.m must be in 1..64 and nbits in 1..16, got {self.m}, {self.nbits}")
+
+
 @dataclass(frozen=True)
 class HirflowConfig:
     schema: SchemaConfig = field(default_factory=SchemaConfig)
@@ -95,6 +157,9 @@ class HirflowConfig:
     ingest: IngestConfig = field(default_factory=IngestConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     refresh: RefreshConfig = field(default_factory=RefreshConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+    encoder: EncoderSection = field(default_factory=EncoderSection)
+    quantizer: QuantizerSection = field(default_factory=QuantizerSection)
 
 
 def load(file=None, env=None, overrides=None) -> HirflowConfig:

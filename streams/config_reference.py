@@ -41,7 +41,8 @@ def field_comments(cls: type) -> dict[str, str]:
 
 def _type_name(tp) -> str:
     s = str(tp) if typing.get_origin(tp) else getattr(tp, "__name__", str(tp))
-    return s.replace("typing.", "").replace("hirflow.state.schema.", "")
+    s = s.replace("typing.", "").replace("hirflow.state.schema.", "")
+    return s.replace(" | None", " or null")      # a table cell cannot hold a bare "|"
 
 
 def _default(value) -> str:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import venv
 from pathlib import Path
 
@@ -34,8 +36,14 @@ def _run(*cmd, cwd, **kw) -> subprocess.CompletedProcess:
 def installed(tmp_path_factory) -> Path:
     """-> the `bin` folder of a fresh venv holding only the built hirflow wheel."""
     tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"                # what the Dockerfile copies, so no build folder is left
+    src.mkdir()                      # in the checkout and nothing else can leak in
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values():
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", tmp / "dist", ROOT, cwd=tmp)
+         "-w", tmp / "dist", src, cwd=tmp)
     wheel = next((tmp / "dist").glob("hirflow-*.whl"))
     env_dir = tmp / "venv"
     venv.create(env_dir, with_pip=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -41,7 +41,8 @@ def parse_duration(text: str) -> float:
 class RunOptions:
     train_share: float = 0.8           # then 10% validation, the last 10% test
     window_s: float | None = None       # only this much data before the cutoff (None: all)
-    levels: tuple[int, ...] | None = None   # prototypes per level (None: the encoder default)
+    encoder: dict = field(default_factory=dict)   # EncoderConfig fields of a new model
+                                                  # (levels, widths); a parent's shape wins
     knowledge: bool = True              # entity texts -> world-knowledge vectors, as served
     resume: bool = False                # continue an interrupted run in the output directory
     train: TrainConfig = TrainConfig()
@@ -76,8 +77,7 @@ def run_once(load: Loader, cutoff: int, schema: SchemaConfig, opts: RunOptions, 
     if parent is not None:
         enc_cfg = EncoderConfig.from_dict(parent.manifest["config"])
     else:
-        kw = {"levels": tuple(opts.levels)} if opts.levels else {}
-        enc_cfg = EncoderConfig.for_schema(schema, **kw)
+        enc_cfg = EncoderConfig.for_schema(schema, **opts.encoder)
     log.info("training on %d of %d events (window %d..%d), %d texts", len(train_evs), len(evs),
              windows.start, windows.train_end, len(texts or {}))
     out.mkdir(parents=True, exist_ok=True)
@@ -112,17 +112,4 @@ def run_every(period_s: float, load: Loader, schema: SchemaConfig, opts: RunOpti
         if rounds is not None and done >= rounds:
             return
         sleep(max(0.0, started + period_s - clock()))
-
-
-def levels_from(text: str | None) -> tuple[int, ...] | None:
-    """'4,16,64' -> (4, 16, 64)."""
-    if not text:
-        return None
-    try:
-        levels = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"levels must be comma-separated integers, got {text!r}") from None
-    if any(k < 2 for k in levels) or list(levels) != sorted(levels):
-        raise ValueError(f"levels must be increasing integers >= 2, got {text!r}")
-    return levels
 

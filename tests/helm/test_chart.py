@@ -147,6 +147,7 @@ def test_install_refuses_values_the_schema_rejects_with_a_clear_message(kube, va
     ({"workers": {"replicas": 9}}, "replicas (9) > config.kafka.partitions (8)"),
     ({"workers": {"gpu": {"enabled": True}}}, "image.flavor is cpu"),
     ({"config": {"graph": {"path": "/x"}}}, "config.graph.path is set by the chart"),
+    ({"config": {"train": {"seed": 1}}}, "config.train.seed is set by the chart"),
     ({"trainer": {"enabled": False}, "workers": {"checkpoint": "ckpt-1"}},
      "workers.checkpoint needs a checkpoint volume"),
 ])
@@ -205,14 +206,24 @@ def test_defaults_render_workers_api_trainer_and_config(kube, tmp_path):
 
     (cron,) = _by_kind(objs, "CronJob")
     job = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    assert job["containers"][0]["args"][:2] == ["train", "--out=/checkpoints"]
-    assert "--announce" in job["containers"][0]["args"]
+    assert job["containers"][0]["args"] == ["train"]          # settings: the [train] section
+    assert {m["mountPath"] for m in job["containers"][0]["volumeMounts"]} >= {"/etc/hirflow", "/checkpoints"}
+    assert cfg.train.out == "/checkpoints" and cfg.train.announce and cfg.train.train_share == 0.8
     claims = {v["persistentVolumeClaim"]["claimName"] for v in job["volumes"]
               if "persistentVolumeClaim" in v}
     assert claims == {pvc["metadata"]["name"] for pvc in _by_kind(objs, "PersistentVolumeClaim")}
     assert _by_kind(objs, "PodDisruptionBudget") and len(_by_kind(objs, "Service")) == 2
     assert not _by_kind(objs, "ServiceMonitor")
     assert "kubectl --namespace hirflow port-forward" in rel["info"]["notes"]
+
+
+def test_trainer_values_reach_the_train_section_of_the_shared_config(kube, tmp_path):
+    values = _merge(BOOTSTRAP, {"trainer": {"stepsPerChunk": 50, "seed": 3, "trainShare": 0.7},
+                                "config": {"train": {"passes": 2}}})
+    objs, _ = _install(kube, values)
+    cfg = _config_of(objs, tmp_path)
+    assert (cfg.train.steps_per_chunk, cfg.train.seed, cfg.train.train_share) == (50, 3, 0.7)
+    assert cfg.train.passes == 2 and cfg.train.out == "/checkpoints"
 
 
 def _scenario(name: str) -> dict:

@@ -180,7 +180,7 @@ def test_run_every_keeps_the_last_good_checkpoint_after_a_failed_round(tmp_path)
         calls.append(cutoff)
         return ([] if len(calls) == 2 else evs), []         # the second round finds no data
 
-    opts = RunOptions(levels=(4, 16), train=cfg, knowledge=False)
+    opts = RunOptions(encoder={"levels": (4, 16)}, train=cfg, knowledge=False)
     start = evs[-1].ts // 1000 + 1                          # the rounds run after the data
     clock = iter(range(start, start + 10_000, 1000)).__next__
     got = list(run_every(1, load_data, schema, opts, tmp_path / "ck", rounds=3, clock=clock,

@@ -81,7 +81,12 @@ app.kubernetes.io/component: worker
 {{- $managed := dict
       "graph" (dict "path" "/data/state")
       "worker" (dict "web_host" "0.0.0.0" "web_port" (int .Values.workers.port) "count" (int .Values.workers.replicas))
-      "kafka" (dict "client" (include "hirflow.kafkaClient" . | fromYaml)) }}
+      "kafka" (dict "client" (include "hirflow.kafkaClient" . | fromYaml))
+      "train" (dict "out" .Values.checkpoints.mountPath "train_share" .Values.trainer.trainShare
+                    "seed" (int .Values.trainer.seed) "announce" true) }}
+{{- with .Values.trainer.stepsPerChunk }}
+{{- $_ := set $managed.train "steps_per_chunk" (int .) }}
+{{- end }}
 {{- if .Values.kafka.bootstrap }}
 {{- $_ := set $managed.kafka "bootstrap" .Values.kafka.bootstrap }}
 {{- end }}
@@ -166,7 +171,7 @@ app.kubernetes.io/component: worker
 {{- if gt (int .Values.workers.replicas) $partitions }}
 {{- $errors = append $errors (printf "workers: replicas (%d) > config.kafka.partitions (%d) leaves workers without partitions" (int .Values.workers.replicas) $partitions) }}
 {{- end }}
-{{- range $section, $keys := dict "graph" (list "path") "worker" (list "web_host" "web_port" "count" "index") "kafka" (list "bootstrap" "client") }}
+{{- range $section, $keys := dict "graph" (list "path") "worker" (list "web_host" "web_port" "count" "index") "kafka" (list "bootstrap" "client") "train" (list "out" "train_share" "seed" "steps_per_chunk" "announce") }}
 {{- range $keys }}
 {{- if hasKey (get $.Values.config $section | default dict) . }}
 {{- $errors = append $errors (printf "config.%s.%s is set by the chart; remove it from values" $section .) }}
