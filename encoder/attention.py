@@ -14,6 +14,7 @@ learnable per head (`GraphBias`), so one set of weights serves every path:
 """
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass
 
@@ -228,14 +229,26 @@ def attend_flex(q, k, v, batch: PackedBatch, bias: GraphBias, block_mask: BlockM
 FLEX_CPU_MIN_VIEW = 32   # below this view size the per-view dense path is faster on CPU
 
 
+class Backend(str, enum.Enum):
+    """How a block attends. All give the same embeddings (tests/encoder/test_model.py)."""
+    FLEX_COMPILED = "flex_compiled"     # FlexAttention, compiled kernels (bucketed shapes)
+    FLEX_EAGER = "flex_eager"           # FlexAttention without compilation
+    DENSE_PER_VIEW = "dense_per_view"   # one dense attention per view, real tokens only
+    DENSE_PACKED = "dense_packed"       # one dense S x S attention with a mask (reference)
+
+    @property
+    def is_flex(self) -> bool:
+        return self in (Backend.FLEX_COMPILED, Backend.FLEX_EAGER)
+
+
 def choose_backend(device: torch.device, training: bool, compile_ok: bool = True,
-                   max_view: int = 128) -> str:
+                   max_view: int = 128) -> Backend:
     """flex_compiled on CUDA always; on CPU, dense_per_view for training (no FlexAttention
-    backward on CPU in this torch) and for inference on small views. Measured here, a
-    2-layer forward with 32-token tiles: 512 views of 16 nodes 33.7 ms per-view dense vs
-    40.2 ms flex; 128 views of 32 nodes 26.4 vs 23.1; 64 views of 64 nodes 45.5 vs 38.9."""
+    backward on CPU in this torch) and for inference on views below `FLEX_CPU_MIN_VIEW`
+    nodes, where the per-view dense path is faster (`bench/attention.py` compares them)."""
+    flex = Backend.FLEX_COMPILED if compile_ok else Backend.FLEX_EAGER
     if device.type == "cuda":
-        return "flex_compiled" if compile_ok else "flex_eager"
+        return flex
     if training or max_view < FLEX_CPU_MIN_VIEW:
-        return "dense_per_view"
-    return "flex_compiled" if compile_ok else "flex_eager"
+        return Backend.DENSE_PER_VIEW
+    return flex

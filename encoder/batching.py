@@ -21,6 +21,8 @@ import torch
 from hirflow.state.views import N_STATS, View
 
 SEQ_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+HOP_BUCKETS = 16    # hop embeddings: 0..14 exact, 15 = "15 hops or more" (views store up to
+                    # `state.views.MAX_HOP`)
 _P = (1 << 31) - 1
 
 
@@ -313,7 +315,7 @@ def pack_arrays(views: Sequence[View], cfg: PackConfig,
                 has[j] = True
     return dict(
         doc=doc, local=local, tok_base=tok_base, tok_n=tok_n,
-        anchor_pos=starts.copy(), type_ids=type_ids, hop=np.minimum(hop, 15),
+        anchor_pos=starts.copy(), type_ids=type_ids, hop=np.minimum(hop, HOP_BUCKETS - 1),
         stats=stats, token_node=token_node, hash_x=hash_x, rwse=rw,
         knowledge=kn, has_knowledge=has_kn,
         image=im, has_image=has_im, frequent=stats[:, N_STATS - 1] > 0.5,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hirflow.encoder.batching import PackedBatch
+from hirflow.encoder.batching import HOP_BUCKETS, PackedBatch
 from hirflow.state.views import N_STATS
 
 
@@ -32,7 +32,7 @@ class NodeFeatures(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.type_emb = nn.Embedding(cfg.n_types, d)
-        self.hop_emb = nn.Embedding(16, d)
+        self.hop_emb = nn.Embedding(HOP_BUCKETS, d)
         self.stats = nn.Linear(N_STATS, d)
         self.dhe = DeepHashEmbedding(cfg.pack.hash_count, cfg.dhe_hidden, d)
         self.knowledge = nn.Linear(cfg.pack.knowledge_dim, d)

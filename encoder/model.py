@@ -82,16 +82,16 @@ class Block(nn.Module):
         S = x.shape[0]
         q, k, v = self.qkv(self.ln1(x)).view(S, 3, self.h, self.d // self.h).permute(1, 2, 0, 3)
         q, k, v = q[None], k[None], v[None]                       # (1, H, S, hd)
-        if backend == "dense_per_view":
+        if backend == A.Backend.DENSE_PER_VIEW:
             y = A.attend_dense_per_view(q, k, v, b, self.bias, layout, anchors_only=anchors_only)
-        elif backend == "dense_packed":
+        elif backend == A.Backend.DENSE_PACKED:
             y = A.attend_dense_packed(q, k, v, b, self.bias)
         else:
-            y = A.attend_flex(q, k, v, b, self.bias, layout[0], compiled=backend == "flex_compiled",
+            y = A.attend_flex(q, k, v, b, self.bias, layout[0], compiled=backend == A.Backend.FLEX_COMPILED,
                               pairs=layout[1])
         if anchors_only:
             x = x[b.anchor_pos]
-            if backend != "dense_per_view":
+            if backend != A.Backend.DENSE_PER_VIEW:
                 y = y[:, :, b.anchor_pos]
         y = y[0].permute(1, 0, 2).reshape(x.shape[0], self.d)      # (rows, d)
         x = x + self.drop(self.proj(y))
@@ -140,16 +140,16 @@ class HierarchicalEncoder(nn.Module):
 
     def forward(self, b: PackedBatch, backend: str | None = None):
         """-> emb (V, d_emb) unit vectors, logits: list of (V, K_l) per level."""
-        backend = backend or self.backend(max_view=max(b.view_sizes))
-        if backend.startswith("flex"):
+        backend = A.Backend(backend or self.backend(max_view=max(b.view_sizes)))
+        if backend.is_flex:
             layout = (A.build_block_mask(b, self.device), A.pair_layout(b, self.blocks[0].bias))
-        elif backend == "dense_per_view":
+        elif backend == A.Backend.DENSE_PER_VIEW:
             layout = A.dense_view_layout(b, self.blocks[0].bias)
         else:
             layout = None
         # the per-view path reads real tokens only: the padding up to the length bucket
         # (there for the compiled kernels' shapes; ~20% of a serving batch) is left out
-        x = self.features(b, sum(b.view_sizes) if backend == "dense_per_view" else None)
+        x = self.features(b, sum(b.view_sizes) if backend == A.Backend.DENSE_PER_VIEW else None)
         last = len(self.blocks) - 1
         for i, blk in enumerate(self.blocks):
             x = blk(x, b, backend, layout, anchors_only=i == last)   # the last: (V, d)

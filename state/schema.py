@@ -76,6 +76,9 @@ def _default_actions() -> dict[str, ActionSpec]:
 class SchemaConfig:
     node_types: tuple[str, ...] = DEFAULT_NODE_TYPES    # the `type` of node ids `type:key`
     extra_node_types: tuple[str, ...] = ()          # added by data set adapters (category, ...)
+    item_types: tuple[str, ...] = ("ad", "product")     # what a user engages and retrieval
+                                                    # returns for a user; evaluation ranks them
+    user_type: str = "user"                         # whose next engagements are predicted
     actions: dict[str, ActionSpec] = field(default_factory=_default_actions)   # replaces the defaults
     extra_actions: dict[str, ActionSpec] = field(default_factory=dict)   # added to `actions`
     max_payload_bytes: int = 64 * 1024              # a record larger than this is refused
@@ -91,8 +94,16 @@ class SchemaConfig:
         bad = [t for t in self.all_node_types if not t or ":" in t]
         if bad:
             raise ValueError(f"node type {bad[0]!r} must be non-empty and contain no ':'")
+        if not self.item_node_types or self.user_type not in self.all_node_types:
+            raise ValueError(f"item_types {self.item_types} need one node type of the schema and "
+                             f"user_type {self.user_type!r} must be one")
         if len(self.all_actions) > 255:
             raise ValueError("at most 255 actions fit the one-byte action code")
+
+    @property
+    def item_node_types(self) -> tuple[str, ...]:
+        """The `item_types` this schema has (a data set may have products but no ads)."""
+        return tuple(t for t in self.item_types if t in self.all_node_types)
 
     @property
     def all_node_types(self) -> tuple[str, ...]:

@@ -12,9 +12,8 @@ reaches a node's contribution when that node is next refreshed.
 
 Keys in column family ``supergraph`` (gen = index generation, nk = node key)::
 
-    b"n" + gen + nk                      -> [assign, levels, qs, actions, ws, t_refs]
-                                            (columns; rows read in the earlier format too:
-                                            [assign, [[level, q, action, w, t_ref], ...]])
+    b"n" + gen + nk                      -> NodeContribution (a msgpack array:
+                                            [assign, levels, qs, actions, ws, t_refs])
     b"p" + gen + level + p(4) + q(4)      -> {action: [w, t_ref]}
 """
 from __future__ import annotations
@@ -31,6 +30,24 @@ from hirflow.state.index import NO_PRIMITIVE, IndexBatch, TokenIndex, gen_prefix
 
 _enc = msgspec.msgpack.Encoder().encode
 _dec = msgspec.msgpack.Decoder().decode
+
+
+class NodeContribution(msgspec.Struct, array_like=True, frozen=True):
+    """A node's row: its primitive per level when the row was written (`assign`), and its
+    contribution as columns, one entry per (level, neighbour primitive q, action): the
+    decay-algebra sum `ws` of its edges there, as of `t_refs`."""
+    assign: list[int]
+    levels: list[int]
+    qs: list[int]
+    actions: list[str]
+    ws: list[float]
+    t_refs: list[int]
+
+    def columns(self) -> tuple[list, list, list, list, list]:
+        return self.levels, self.qs, self.actions, self.ws, self.t_refs
+
+
+_dec_node = msgspec.msgpack.Decoder(NodeContribution).decode
 
 
 def decayed_sums(key: np.ndarray, w: np.ndarray, t: np.ndarray, rate: np.ndarray):
@@ -92,7 +109,7 @@ class SuperGraph:
         """Replace the contributions of the nodes of `edges` that have a record, whose new
         assignments are the rows of `new_assign` (one per node of `edges`), in `batch`.
         `assignments(names)` -> (len(names), levels) assignment of each neighbour (rows of
-        NO_PRIMITIVE for none). Rows: per node [assign, levels, qs, actions, ws, t_refs]."""
+        NO_PRIMITIVE for none). Rows: one `NodeContribution` per node."""
         keep = np.flatnonzero(edges.present)
         if not len(keep):
             return
@@ -125,22 +142,22 @@ class SuperGraph:
             cw = np.zeros(0)
         bounds = np.searchsorted(c_own, np.arange(len(nodes) + 1)).tolist()
         keys = [_node_key(gen, self.ix.key(n)) for n in nodes]
-        self._subtract([_dec(raw) for raw in self.cf.get(keys) if raw is not None], deltas)
+        self._subtract([_dec_node(raw) for raw in self.cf.get(keys) if raw is not None], deltas)
         for i in range(len(nodes)):
             sl = slice(bounds[i], bounds[i + 1])
-            row = [new_assign[i].tolist(), c_lv[sl].tolist(), c_q[sl].tolist(),
-                   [self.actions[x] for x in c_act[sl].tolist()], cw[sl].tolist(), ct[sl].tolist()]
+            row = NodeContribution(new_assign[i].tolist(), c_lv[sl].tolist(), c_q[sl].tolist(),
+                                   [self.actions[x] for x in c_act[sl].tolist()], cw[sl].tolist(),
+                                   ct[sl].tolist())
             batch.put_raw("supergraph", keys[i], _enc(row))
         self._apply_pairs(batch, gen, deltas)
 
-    def _subtract(self, olds: list[list], deltas: _Terms) -> None:
+    def _subtract(self, olds: list[NodeContribution], deltas: _Terms) -> None:
         """The stored contributions of nodes, negated, onto their old primitives' rows."""
         lv, q, acts, w, t, prev = [], [], [], [], [], []
         for old in olds:
-            cols = _columns(old)
-            for c, x in zip((lv, q, acts, w, t), cols):
+            for c, x in zip((lv, q, acts, w, t), old.columns()):
                 c.extend(x)
-            prev.extend([old[0]] * len(cols[0]))
+            prev.extend([old.assign] * len(old.levels))
         if not lv:
             return
         lv = np.array(lv, np.int64)
@@ -180,7 +197,7 @@ class SuperGraph:
         raw = self.cf.get(_node_key(gen, self.ix.key(node_id)))
         out: dict[int, float] = {}
         if raw is not None:
-            for lv, q, action, w, tref in zip(*_columns(_dec(raw))):
+            for lv, q, action, w, tref in zip(*_dec_node(raw).columns()):
                 if lv == level:
                     out[q] = out.get(q, 0.0) + value_at(w, tref, t, self.rates[action])
         return out
@@ -201,10 +218,3 @@ class SuperGraph:
         for tag in (b"n", b"p"):
             self.ix.delete_prefix("supergraph", tag + gen_prefix(gen))
 
-
-def _columns(stored: list) -> list:
-    """[levels, qs, actions, ws, t_refs] of a stored node contribution, in either format
-    (rows written before the columns format: [assign, [[level, q, action, w, t_ref], ...]])."""
-    if len(stored) == 2:
-        return list(zip(*stored[1])) or [()] * 5
-    return stored[1:]

@@ -37,7 +37,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -65,6 +65,28 @@ class Sampled:
     views: list[View]
     knowledge: Mapping[str, np.ndarray]
     seconds: float
+    prepared: Any = None
+    edges: EdgeColumns | None = None
+
+
+class SampleRequest(NamedTuple):
+    """Parent -> sampling process: sample `ids` as of `cutoff`, then apply `prepare`."""
+    ticket: int
+    ids: list[str]
+    cutoff: int
+    prepare: Prepare | None
+
+
+class SampleReply(NamedTuple):
+    """Sampling process -> parent, one per request in request order: the views as columns
+    (`to_columns`), the world-knowledge vectors of their nodes (`knowledge_ids` rows of
+    `knowledge`), what `prepare` made, the adjacencies; or `error`, a traceback."""
+    ticket: int
+    error: str | None = None
+    columns: Any = None
+    knowledge_ids: list[str] | None = None
+    knowledge: np.ndarray | None = None
+    seconds: float = 0.0
     prepared: Any = None
     edges: EdgeColumns | None = None
 
@@ -213,7 +235,7 @@ class ViewProcess:
     def submit(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> int:
         ticket = next(self._tickets)
         try:
-            self.conn.send((ticket, list(ids), cutoff, prepare))
+            self.conn.send(SampleRequest(ticket, list(ids), cutoff, prepare))
         except OSError:
             raise self._exited() from None
         return ticket
@@ -221,13 +243,12 @@ class ViewProcess:
     def result(self, ticket: int) -> Sampled:
         """The answer to `ticket`; answers come in request order, earlier ones are kept."""
         while ticket not in self._replies:
-            got, status, *rest = self._recv()
-            if status != "ok":
-                raise ViewProcessError(f"the view sampler process failed:\n{rest[0]}")
-            columns, ids, vectors, seconds, prepared, edges = rest
-            self._replies[got] = Sampled(from_columns(columns),
-                                         {} if vectors is None else dict(zip(ids, vectors)),
-                                         seconds, prepared, edges)
+            r: SampleReply = self._recv()
+            if r.error is not None:
+                raise ViewProcessError(f"the view sampler process failed:\n{r.error}")
+            knowledge = {} if r.knowledge is None else dict(zip(r.knowledge_ids, r.knowledge))
+            self._replies[r.ticket] = Sampled(from_columns(r.columns), knowledge, r.seconds,
+                                              r.prepared, r.edges)
         return self._replies.pop(ticket)
 
     def sample(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> Sampled:
@@ -264,22 +285,20 @@ def _serve(conn: _Channel) -> None:
             msg = conn.recv()
             if msg is None:
                 break
-            ticket, ids, cutoff, prepare = msg
+            req: SampleRequest = msg
             try:
-                got = views.sample(ids, cutoff, prepare)
+                got = views.sample(req.ids, req.cutoff, req.prepare)
                 keys = list(got.knowledge)
                 vectors = np.stack([got.knowledge[k] for k in keys]) if keys else None
-                reply = (ticket, "ok", to_columns(got.views), keys, vectors, got.seconds,
-                         got.prepared, got.edges)
+                reply = SampleReply(req.ticket, None, to_columns(got.views), keys, vectors,
+                                    got.seconds, got.prepared, got.edges)
             except Exception:
-                reply = (ticket, "error", traceback.format_exc())
+                reply = SampleReply(req.ticket, traceback.format_exc())
             conn.send(reply)
             views.sampler.release()
             # what survived a request is mostly the sampler's caches (acyclic records, freed by
-            # reference counting when evicted): out of the cyclic GC's reach, or every full
-            # collection walks them again (bench/freshness.py, one 95 s run: 138 collections
-            # of 40-75 ms freeing nothing; with the worker's higher thresholds, young
-            # collections of 200-300 ms instead)
+            # reference counting when evicted): out of the cyclic GC's reach, or every
+            # collection walks them again for tens of milliseconds and frees nothing
             gc.freeze()
     except (EOFError, ConnectionError):   # the parent died (kill -9): nobody left to answer
         pass
@@ -289,4 +308,7 @@ def _serve(conn: _Channel) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C: the parent stops it in order
-    _serve(_Channel(socket.socket(fileno=int(sys.argv[1]))))
+    # run the imported module's copy, so the replies it pickles name their classes as
+    # `hirflow.state.view_source.SampleReply`, which the parent can load, not `__main__.`
+    from hirflow.state import view_source
+    view_source._serve(view_source._Channel(socket.socket(fileno=int(sys.argv[1]))))

@@ -25,6 +25,7 @@ from hirflow.state.schema import SchemaConfig
 
 N_STATS = 6   # log1p(events), log1p(deg out), log1p(deg in), log1p(days since first seen),
               # log1p(days since last seen), frequent flag
+MAX_HOP = 127  # hops from the anchor are stored as int8; farther reads as this
 
 
 @dataclass(frozen=True)
@@ -283,7 +284,7 @@ class ViewSampler:
         return View(
             anchor=anchor, cutoff=cutoff, nodes=tuple(nodes),
             types=np.array(self.schema.model_type_codes(nodes), np.int16),
-            hop=np.array([min(hops.get(n, 0), 127) for n in nodes], np.int8),
+            hop=np.array([min(hops.get(n, 0), MAX_HOP) for n in nodes], np.int8),
             stats=np.array([info.stats for info in infos], np.float32).reshape(len(nodes), N_STATS),
             edge_src=np.array([k[0] for k in keys], np.int32),
             edge_dst=np.array([k[1] for k in keys], np.int32),

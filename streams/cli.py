@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from hirflow.state.config import ConfigError, as_dict
+from hirflow.streams import clients
 from hirflow.streams import config as config_mod
 from hirflow.streams import logs
 
@@ -253,7 +254,7 @@ def _data_loader(cfg, input_path, fmt, entities_path):
 
     def from_kafka(cutoff):
         topics = Topics(cfg.kafka.topic_prefix)
-        conf = {"bootstrap.servers": cfg.kafka.bootstrap, **cfg.kafka.client}
+        conf = clients.connection(cfg.kafka)
         evs = list(read_topic(conf, topics.engagements, validator, cutoff))
         ents = list(read_topic(conf, topics.entities, validator, cutoff, entities=True))
         return evs, ents
@@ -348,7 +349,7 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
         parent = load_ckpt(init_path) if init_path else None
     except (ValueError, CheckpointError) as exc:
         raise click.UsageError(str(exc)) from None
-    conf = {"bootstrap.servers": cfg.kafka.bootstrap, **cfg.kafka.client}
+    conf = clients.connection(cfg.kafka)
     topic = Topics(cfg.kafka.topic_prefix).checkpoints
     pub = (lambda path: do_announce(conf, topic, path)) if tc.announce else None
     load = _data_loader(cfg, input_path, fmt, entities_path)
@@ -358,7 +359,7 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
         out_ = {"checkpoint": str(res.checkpoint), "id": res.id, "parent": res.parent,
                 "events": res.events, "windows": res.windows.__dict__}
         if res.announced:
-            out_["announced"] = res.announced["id"]
+            out_["announced"] = res.announced.id
         click.echo(json.dumps(out_))
 
     try:

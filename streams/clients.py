@@ -1,9 +1,21 @@
-"""confluent-kafka client settings in one place: producers, consumers, per config profile."""
+"""confluent-kafka client settings in one place: producers, consumers, admin clients, and the
+connection settings handed to the trainer (which builds its own clients from them: it does
+not depend on this package)."""
 from __future__ import annotations
 
 from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
 
 from hirflow.streams.config import KafkaConfig
+
+
+def connection(cfg: KafkaConfig) -> dict:
+    """Where the cluster is and how to authenticate (`kafka.client`: SASL, TLS)."""
+    return {"bootstrap.servers": cfg.bootstrap, **cfg.client}
+
+
+def admin(cfg: KafkaConfig) -> AdminClient:
+    return AdminClient(connection(cfg))
 
 
 def producer(cfg: KafkaConfig, **extra) -> Producer:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from hirflow.streams import clients
 from hirflow.streams.broker import EmbeddedBroker
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.demo_report import get_json, learned, plot_freshness, print_examples, print_learned
@@ -30,8 +31,9 @@ from hirflow.streams.topics import Topics, ensure_topics
 from hirflow.streams.worker_process import WorkerProcess, scrape, wait_http
 
 # linger of the producer that streams the synthetic world: each linger window stores one more
-# batch per partition in the embedded broker, which lists them all at every fetch, and at 5 ms
-# it took a core from the worker within a minute or two (bench/broker.py, --linger-ms)
+# batch per partition in the embedded broker, which lists them all at every fetch: a short
+# linger makes the broker take a core from the worker within minutes (bench/broker.py
+# measures it with --linger-ms)
 UPSTREAM_LINGER_MS = 20
 # partitions of the keyed topics on the embedded broker: tansu stores each produced batch as
 # one object per partition and lists all of a partition's objects at every fetch that finds
@@ -102,10 +104,10 @@ def _train_first(cfg: HirflowConfig, synth: SynthConfig, workdir: Path, produced
                            **FIRST_TRAIN)
         path = train(evs, cfg.schema, EncoderConfig.for_schema(cfg.schema), tcfg,
                      workdir / "checkpoints", texts=texts, progress=False)
-        rec = announce({"bootstrap.servers": cfg.kafka.bootstrap, **cfg.kafka.client},
+        rec = announce(clients.connection(cfg.kafka),
                        Topics(cfg.kafka.topic_prefix).checkpoints, path)
         status.send(("status", f"trained in {time.monotonic() - t0:.0f} s, announced"))
-        status.send(("announced", rec["id"]))
+        status.send(("announced", rec.id))
     except Exception as exc:                      # the demo goes on serving cold start
         status.send(("status", f"training failed: {exc}"))
 

@@ -33,6 +33,7 @@ from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_SWITCHES, MODEL_
 from hirflow.streams.rate_budget import RateBudget
 from hirflow.streams.serving_snapshot import ServingSnapshot, empty_memory
 from hirflow.streams.token_outbox import TokenOutbox
+from hirflow.trainer.announcement import Announcement
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +57,12 @@ class HotSwapBuild:
                  load: Callable[[str], ServingModel | None], types: list[str]) -> None:
         self.rcfg, self.store, self.index, self.supergraph = rcfg, store, index, supergraph
         self.views, self.writer, self.outbox, self.load, self.types = views, writer, outbox, load, types
-        self.requests: deque[dict] = deque()     # appended by the checkpoint watcher's thread
+        self.requests: deque[Announcement] = deque()   # appended by the watcher's thread
         self.building: Build | None = None
         self._announce: list[str] = []
         self.budget = RateBudget(rcfg.swap_rate)
 
-    def request(self, announcement: dict) -> None:
+    def request(self, announcement: Announcement) -> None:
         self.requests.append(announcement)
 
     def resume(self, serving: ServingSnapshot) -> None:
@@ -70,7 +71,7 @@ class HotSwapBuild:
         if building is not None:
             log.info("resuming the hot swap to %s (generation %d) from the start",
                      building.model, building.gen)
-            self.requests.append({"id": building.model, "path": building.path})
+            self.requests.append(Announcement(building.model, building.path))
         if self.index.announce_pending() == serving.gen:
             self._announce = list(serving.memory.ids)
 
@@ -89,8 +90,8 @@ class HotSwapBuild:
             self._announce_step(serving)
         return None
 
-    def _start(self, ann: dict, serving: ServingSnapshot) -> None:
-        ck_id, path = ann.get("id"), ann.get("path")
+    def _start(self, ann: Announcement, serving: ServingSnapshot) -> None:
+        ck_id, path = ann.id, ann.path
         if ck_id == serving.model.id and self.index.building() is None:
             return
         model = self.load(path)

@@ -13,25 +13,13 @@ import logging
 import threading
 import uuid
 
-import msgpack
-
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
 from hirflow.streams.topics import Topics
+from hirflow.trainer.announcement import Announcement
 
 log = logging.getLogger(__name__)
-
-
-def parse_announcement(raw: bytes | None) -> dict:
-    """{id, path, ...} or ValueError with the reason."""
-    try:
-        rec = msgpack.unpackb(raw or b"")
-    except Exception as exc:
-        raise ValueError(f"undecodable announcement: {exc}") from None
-    if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("path"), str):
-        raise ValueError("announcement must be a map with string id and path")
-    return rec
 
 
 class CheckpointWatcher:
@@ -63,12 +51,12 @@ class CheckpointWatcher:
                 if m.error() is not None:
                     continue
                 try:
-                    latest = parse_announcement(m.value())
+                    latest = Announcement.decode(m.value())
                 except ValueError as exc:
                     log.error("bad checkpoint announcement at offset %d: %s", m.offset(), exc)
                     self._dead_letters().send(m, "bad_announcement", str(exc))
             if not msgs and latest is not None:        # caught up: act on the newest only
-                log.info("checkpoint %s announced at %s", latest["id"], latest["path"])
+                log.info("checkpoint %s announced at %s", latest.id, latest.path)
                 self.on_announcement(latest)
                 latest = None
 

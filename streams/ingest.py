@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 
-import msgpack
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from hirflow.state.events import Engagement, EventError, Validator
@@ -24,7 +23,8 @@ from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
 from hirflow.streams.metrics import (BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
-                             EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, REVERSE_SENT)
+                                     EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, REVERSE_SENT)
+from hirflow.streams.reverse_record import ReverseRecord
 from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -40,14 +40,6 @@ class DeliveryError(RuntimeError):
 def owned_partitions(cfg: HirflowConfig) -> list[int]:
     w = cfg.worker
     return [p for p in range(cfg.kafka.partitions) if p % w.count == w.index]
-
-
-def encode_reverse(ev: Engagement, side: int, origin_partition: int, origin_offset: int) -> bytes:
-    d = {"v": 1, "src": ev.src, "dst": ev.dst, "action": ev.action, "ts": ev.ts, "w": ev.w,
-         "side": side, "op": origin_partition, "oo": origin_offset}
-    if ev.id is not None:
-        d["id"] = ev.id
-    return msgpack.packb(d)
 
 
 class IngestLoop:
@@ -206,7 +198,7 @@ class IngestLoop:
                 sides |= side
             else:
                 clients.produce_blocking(self.producer, self.topics.reverse,
-                                         value=encode_reverse(ev, side, p, off),
+                                         value=ReverseRecord(ev, side, p, off).encode(),
                                          key=node.encode(), partition=q)
                 self._pending_sends += 1
                 REVERSE_SENT.inc()
@@ -215,10 +207,8 @@ class IngestLoop:
     def _reverse(self, m, q: int) -> tuple[Engagement, int] | None:
         """A forwarded side: applied unless its origin offset was applied already."""
         try:
-            d = msgpack.unpackb(m.value())
-            ev = self.validator.engagement(d)
-            side, op, oo = int(d["side"]), int(d["op"]), int(d["oo"])
-        except (EventError, KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+            ev, side, op, oo = ReverseRecord.decode(m.value(), self.validator)
+        except (EventError, ValueError) as exc:
             reason = exc.reason if isinstance(exc, EventError) else "bad_reverse_record"
             self.dead.send(m, reason, str(exc))
             return None

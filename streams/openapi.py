@@ -1,6 +1,8 @@
 """The OpenAPI 3.1 document of the worker's HTTP API (served at /openapi.json)."""
 from __future__ import annotations
 
+from hirflow.streams.query import DEFAULT_PROBES, MAX_PROBES
+
 
 def _q(name, desc, required=False, schema=None):
     return {"name": name, "in": "query", "required": required, "description": desc,
@@ -14,8 +16,9 @@ def _p(name, desc, schema=None):
 
 _K = _q("k", "results to return (1-1000)", schema={"type": "integer", "minimum": 1, "maximum": 1000})
 _TYPES = _q("types", "comma-separated node types to keep, e.g. ad,product")
-_PROBES = _q("probes", "extra first-codebook tokens probed nearest the query (0-4096, default 48)",
-             schema={"type": "integer", "minimum": 0})
+_PROBES = _q("probes", f"extra first-codebook tokens probed nearest the query (0-{MAX_PROBES}, "
+                       f"default {DEFAULT_PROBES})",
+             schema={"type": "integer", "minimum": 0, "maximum": MAX_PROBES})
 _ERR = {"description": "bad parameter (400), not found (404) or no checkpoint yet (409)",
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 

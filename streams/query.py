@@ -14,6 +14,9 @@ from hirflow.state.supergraph import SuperGraph
 from hirflow.streams.serving_snapshot import ServingSnapshot
 
 MAX_K = 1000
+MAX_PROBES = 4096
+DEFAULT_PROBES = 48      # first-codebook cells probed beyond the query's own tokens: recall
+                         # vs latency (bench/retrieve.py measures both)
 
 
 class QueryError(Exception):
@@ -41,14 +44,17 @@ class QueryService:
     """Read-only: `serving` returns the current snapshot, `status` the worker's status."""
 
     def __init__(self, serving: Callable[[], ServingSnapshot], supergraph: SuperGraph,
-                 types: Iterable[str], status: Callable[[], dict]) -> None:
+                 types: Iterable[str], status: Callable[[], dict],
+                 item_types: Iterable[str] = ("ad", "product")) -> None:
         self.serving, self.supergraph, self._status = serving, supergraph, status
         self.types = set(types)
+        self.item_types = tuple(item_types)     # what `retrieve` returns without `types`
 
     @classmethod
     def of(cls, refresh) -> "QueryService":
         """The query service of a `RefreshLoop`."""
-        return cls(lambda: refresh.serving, refresh.supergraph, refresh.types, refresh.status)
+        return cls(lambda: refresh.serving, refresh.supergraph, refresh.types, refresh.status,
+                   refresh.cfg.schema.item_node_types)
 
     # -- parameter helpers ----------------------------------------------------------------
     def _types(self, params) -> list[str] | None:
@@ -87,8 +93,8 @@ class QueryService:
         """Ads/products (or `types`) for a user: shared-token candidates re-ranked by dot."""
         user = self._node(params, "user")
         k = _int(params, "k", 50, 1, MAX_K)
-        probes = _int(params, "probes", 48, 0, 4096)
-        types = self._types(params) or ["ad", "product"]
+        probes = _int(params, "probes", DEFAULT_PROBES, 0, MAX_PROBES)
+        types = self._types(params) or list(self.item_types)
         mem = self.serving().memory
         t0 = time.perf_counter()
         # reads the user's row under the index lock: a compaction reorders rows
@@ -102,7 +108,7 @@ class QueryService:
     def similar(self, params) -> dict:
         node = self._node(params)
         k = _int(params, "k", 20, 1, MAX_K)
-        probes = _int(params, "probes", 48, 0, 4096)
+        probes = _int(params, "probes", DEFAULT_PROBES, 0, MAX_PROBES)
         hits = self.serving().memory.similar(node, k, self._types(params), probes=probes)
         if hits is None:
             raise QueryError(404, f"{node} is not in the index")

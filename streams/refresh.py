@@ -52,6 +52,7 @@ from hirflow.streams.neighbor_queue import NeighborQueue
 from hirflow.streams.serving_snapshot import ServingSnapshot, empty_memory
 from hirflow.streams.token_outbox import TokenOutbox
 from hirflow.streams.topics import Topics
+from hirflow.trainer.announcement import Announcement
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class RefreshLoop:
     def building(self):
         return self.swap.building
 
-    def request_swap(self, announcement: dict) -> None:
+    def request_swap(self, announcement: Announcement) -> None:
         """Called by the checkpoint watcher (another thread); acted on by this loop."""
         self.swap.request(announcement)
 

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 from tqdm import tqdm
 
 from hirflow.state.events import (Engagement, Entity, EventError, Validator, as_dict, encode_engagement,
-                          encode_entity)
+                                  encode_entity)
 from hirflow.streams import clients
 from hirflow.streams.adapters import online_retail, taobao
 from hirflow.streams.config import HirflowConfig
@@ -94,8 +94,8 @@ def produce(cfg: HirflowConfig, events: Iterable[Engagement | Entity], total: in
             rate: float | None = None, progress: bool = True) -> dict:
     """Produce events keyed by src/node; returns counts and the achieved rate.
 
-    With `rate`, events are paced in slices of about 5 ms, so the stream is steady: pacing
-    per 1,000 events sent them in bursts (at 2,000/s, 1,000 events at once every 0.5 s)."""
+    With `rate`, events are paced in slices of about 5 ms, so the stream is steady rather
+    than a burst of events followed by a pause."""
     topics = Topics(cfg.kafka.topic_prefix)
     errors: list[str] = []
 

@@ -21,9 +21,9 @@ from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
 
-# ready once no record came for this long (what one empty consume call meant when calls
-# waited 50 ms): a call now waits only `ingest.batch_wait_ms`, and one may come back empty
-# between two fetches of a backlog the consumer is still reading
+# ready once no record came for this long: one empty consume call is not enough, since a
+# call waits only `ingest.batch_wait_ms` and may come back empty between two fetches of a
+# backlog the consumer is still reading
 CAUGHT_UP_QUIET_S = 0.05
 
 

@@ -5,8 +5,9 @@ import logging
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
+from hirflow.streams import clients
 from hirflow.streams.config import KafkaConfig
 
 log = logging.getLogger(__name__)
@@ -60,17 +61,13 @@ class Topics:
         }
 
 
-def admin_client(cfg: KafkaConfig) -> AdminClient:
-    return AdminClient({"bootstrap.servers": cfg.bootstrap, **cfg.client})
-
-
 def ensure_topics(cfg: KafkaConfig, topics: Topics, timeout: float = 30.0) -> dict[str, str]:
     """Create missing topics; existing ones are left alone but checked for partition count.
 
     Returns name -> "created" | "exists". Raises when an existing keyed topic has another
     partition count than the config (node keys and partition ownership depend on it).
     """
-    admin = admin_client(cfg)
+    admin = clients.admin(cfg)
     specs = topics.specs(cfg)
     futures = admin.create_topics(
         [NewTopic(name, n, cfg.replication, config=conf) for name, (n, conf) in specs.items()],

@@ -51,7 +51,6 @@ from hirflow.trainer.ranking import RankingTask, paired_ratio_ci, per_user_metri
 from hirflow.trainer.train import embed
 
 log = logging.getLogger(__name__)
-ITEM_TYPES = ("ad", "product")
 KS = (10, 20, 50)
 
 
@@ -70,7 +69,7 @@ def deep_funnel_actions(schema: SchemaConfig) -> set[str]:
 
 
 def item_types(schema: SchemaConfig) -> tuple[str, ...]:
-    return tuple(t for t in ITEM_TYPES if t in schema.all_node_types)
+    return schema.item_node_types
 
 
 def state_embeddings(model: HierarchicalEncoder, before: Sequence[Engagement], schema: SchemaConfig,
@@ -150,8 +149,8 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
                        ("deep_funnel", deep_funnel_actions(schema))):
         if not acts:
             continue
-        val_task = ranking_task(before, windows.train_end, windows.val_end, acts, kinds)
-        test_task = ranking_task(events, windows.val_end, windows.end + 1, acts, kinds)
+        val_task = ranking_task(before, windows.train_end, windows.val_end, acts, kinds, schema.user_type)
+        test_task = ranking_task(events, windows.val_end, windows.end + 1, acts, kinds, schema.user_type)
         if test_task.n_eval == 0:
             metrics[name] = {"users": 0}
             continue

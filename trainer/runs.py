@@ -20,6 +20,7 @@ from hirflow.encoder import checkpoint as ckpt
 from hirflow.encoder.model import EncoderConfig
 from hirflow.state.events import Engagement, Entity
 from hirflow.state.schema import SchemaConfig
+from hirflow.trainer.announcement import Announcement
 from hirflow.trainer.data import Windows, chronological_windows, world_knowledge
 from hirflow.trainer.train import TrainConfig, train
 
@@ -55,12 +56,12 @@ class RoundResult:
     parent: str | None
     windows: Windows
     events: int
-    announced: dict | None
+    announced: Announcement | None
 
 
 def run_once(load: Loader, cutoff: int, schema: SchemaConfig, opts: RunOptions, out: Path,
              parent: ckpt.Checkpoint | None = None, text_encode=None,
-             announce: Callable[[Path], dict] | None = None, progress: bool = True) -> RoundResult:
+             announce: Callable[[Path], Announcement] | None = None, progress: bool = True) -> RoundResult:
     """One round: data up to `cutoff` -> windows -> train (from `parent`'s weights) -> announce."""
     engagements, entities = load(cutoff)
     lo = cutoff - int(opts.window_s * 1000) if opts.window_s else None
@@ -90,7 +91,7 @@ def run_once(load: Loader, cutoff: int, schema: SchemaConfig, opts: RunOptions, 
 
 def run_every(period_s: float, load: Loader, schema: SchemaConfig, opts: RunOptions, out: Path,
               parent: ckpt.Checkpoint | None = None, text_encode=None,
-              announce: Callable[[Path], dict] | None = None, rounds: int | None = None,
+              announce: Callable[[Path], Announcement] | None = None, rounds: int | None = None,
               clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
               progress: bool = True) -> Iterator[RoundResult]:
     """A round every `period_s` (cutoff = the round's start), each continuing the previous

@@ -5,7 +5,7 @@ import msgpack
 import pytest
 
 from hirflow.state.events import (Engagement, Entity, EventError, Validator, decode_map, encode_engagement,
-                          encode_entity)
+                                  encode_entity)
 from hirflow.state.schema import SchemaConfig
 
 NOW = 1_767_225_600_000

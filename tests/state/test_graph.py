@@ -5,7 +5,7 @@ import pytest
 
 from hirflow.state.events import Engagement, Entity
 from hirflow.state.graph import (GraphConfig, GraphStore, IncompatibleStoreError, StoreLockedError,
-                         StoreMissingError)
+                                 StoreMissingError)
 from hirflow.state.keys import KeyCodec, partition_of
 from hirflow.state.node import IN, OUT
 from hirflow.state.schema import SchemaConfig

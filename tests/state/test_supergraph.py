@@ -10,7 +10,8 @@ from hirflow.state.graph import GraphStore
 from hirflow.state.index import NO_PRIMITIVE, TokenIndex
 from hirflow.state.node import NodeState
 from hirflow.state.schema import SchemaConfig
-from hirflow.state.supergraph import SuperGraph, _columns, _dec, _enc, _node_key, _pair_keys, decayed_sums
+from hirflow.state.supergraph import (NodeContribution, SuperGraph, _dec_node, _enc, _node_key, _pair_keys,
+                                      decayed_sums)
 
 HOUR = 3_600_000
 ACTIONS = ["impression", "click", "conversion", "owns"]        # decaying and structural
@@ -92,7 +93,7 @@ def test_rows_follow_nodes_through_moves_and_new_edges(graph):
             stored[s.id] = (list(assign[s.id]), reference_rows(s, assign.get, rates))
         for s in states:                                           # node rows
             got = {(lv, q, a): (w, t) for lv, q, a, w, t in
-                   zip(*_columns(_dec(sg.cf.get(_node_key(0, sg.ix.key(s.id))))))}
+                   zip(*_dec_node(sg.cf.get(_node_key(0, sg.ix.key(s.id)))).columns())}
             want = stored[s.id][1]
             assert got.keys() == want.keys()
             for k in want:
@@ -112,11 +113,11 @@ def test_rows_follow_nodes_through_moves_and_new_edges(graph):
                     assert got.get(q, 0.0) == pytest.approx(want.get(q, 0.0), rel=1e-6, abs=1e-9)
 
 
-def test_a_row_in_the_earlier_format_is_subtracted_when_its_node_moves(graph):
+def test_a_stored_row_is_subtracted_from_the_old_primitive_when_its_node_moves(graph):
     store, sg = graph
     s = NodeState("user:1")
     s.apply_sum("ad:1", "owns", 0, 2.0, 10, 1, 10, 10, 0.0)
-    old = [[0], [[0, 5, "owns", 2.0, 10]]]                        # [assign, [[lv, q, a, w, t]]]
+    old = NodeContribution([0], [0], [5], ["owns"], [2.0], [10])
     batch = sg.ix.batch()
     batch.put_raw("supergraph", _node_key(0, sg.ix.key("user:1")), _enc(old))
     batch.put_raw("supergraph", _pair_keys(0, [0], [0], [5])[0], _enc({"owns": [2.0, 10]}))

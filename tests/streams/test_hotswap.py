@@ -12,9 +12,10 @@ from hirflow.streams.metrics import CHECKPOINTS_REFUSED, INDEX_SWITCHES
 from hirflow.streams.query import QueryService
 from hirflow.streams.subscribe import Subscriber
 from hirflow.streams.topics import Topics
+from hirflow.trainer.announcement import Announcement
+from hirflow.trainer.publish import announce
 from tests.conftest import replace_section
 from tests.streams.refresh_helpers import assert_index_matches_state, loop_over, settle
-from hirflow.trainer.publish import announce
 
 
 def _announce(cfg, path):
@@ -106,7 +107,7 @@ def test_events_after_the_swap_use_the_new_model(cfg, tiny_world, tiny_checkpoin
     store, writer, loop = loop_over(cfg, tiny_world[:500])
     try:
         settle(loop, 200)
-        loop.request_swap({"id": b.name, "path": str(b)})
+        loop.request_swap(Announcement(b.name, str(b)))
         settle(loop, 200)
         t = max(e.ts for e in tiny_world)
         writer.apply_batch([(Engagement("user:fresh", "ad:new", "click", t, 1.0), 3)])

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hirflow.trainer.losses import (distillation_loss, engagement_loss, hierarchy_consistency_loss,
-                            sinkhorn_knopp, usage_entropy)
+                                    sinkhorn_knopp, usage_entropy)
 from hirflow.trainer.schedules import cosine, teacher_momentum
 
 
