@@ -80,6 +80,12 @@ class DirtyQueue:
             write(self._entities)
             self._entities = {}
 
+    def drop_entities(self) -> None:
+        """The entity markers of a failed entity commit: their nodes stay dirty in memory
+        (a refresh costs little) but no longer wait for that commit."""
+        with self._lock:
+            self._entities = {}
+
     def reset(self, durable: Mapping[str, int]) -> None:
         """Back to the durable markers: what was not committed is forgotten."""
         with self._lock:

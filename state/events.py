@@ -98,6 +98,15 @@ def decode_map(raw: bytes | None, max_bytes: int) -> dict:
     return obj
 
 
+def _utf8(text: str) -> bool:
+    """Whether `text` encodes as UTF-8 (JSON can carry lone surrogates, which cannot)."""
+    try:
+        text.encode()
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 class Validator:
     """Checks decoded maps against the schema config; built once, used per record."""
 
@@ -190,14 +199,22 @@ class Validator:
         if w.__class__ is not float:
             if isinstance(w, bool) or not isinstance(w, (int, float)):
                 raise EventError("wrong_type", "w must be a number")
-            w = float(w)
+            try:
+                w = float(w)
+            except OverflowError:
+                raise EventError("bad_weight", "w overflows a float") from None
         if not 0.0 < w <= self.schema.max_weight:
             if not math.isfinite(w):
                 raise EventError("bad_weight", f"w={w!r} is not finite")
             raise EventError("bad_weight", f"w={w!r} outside (0, {self.schema.max_weight}]")
         eid = d.get("id")
-        if eid is not None and (isinstance(eid, bool) or not isinstance(eid, (str, int))):
-            raise EventError("wrong_type", "id must be a string or integer")
+        if eid is not None:
+            if isinstance(eid, bool) or not isinstance(eid, (str, int)):
+                raise EventError("wrong_type", "id must be a string or integer")
+            if isinstance(eid, int) and not -2 ** 63 <= eid < 2 ** 64:
+                raise EventError("bad_id", "an integer id must fit 64 bits")
+            if isinstance(eid, str) and (len(eid) > self.schema.max_key_len or not _utf8(eid)):
+                raise EventError("bad_id", "id must be valid text of at most max_key_len chars")
         return Engagement(src, dst, action, ts, w, eid)
 
     def entity(self, d: dict) -> Entity:
@@ -213,16 +230,27 @@ class Validator:
                 raise EventError("wrong_type", "text must be a string")
             if len(text) > self.schema.max_text_len:
                 raise EventError("too_large", f"text of {len(text)} chars")
+            if not _utf8(text):
+                raise EventError("bad_text", "text is not valid Unicode (a lone surrogate)")
         attrs = d.get("attrs")
-        if attrs is not None and not isinstance(attrs, dict):
-            raise EventError("wrong_type", "attrs must be a map")
+        if attrs is not None:
+            if not isinstance(attrs, dict):
+                raise EventError("wrong_type", "attrs must be a map")
+            if not all(isinstance(k, str) for k in attrs):
+                raise EventError("bad_attrs", "attrs keys must be strings")
+            try:                            # stored as msgpack: what it cannot hold is refused
+                msgpack.packb(attrs)
+            except (OverflowError, TypeError, ValueError) as exc:
+                raise EventError("bad_attrs", f"attrs cannot be stored: {exc}") from None
         emb = d.get("image_emb")
         if emb is not None:
-            if not isinstance(emb, (list, tuple)) or not emb or not all(
-                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                    for x in emb):
+            try:
+                emb = tuple(float(x) for x in emb) if isinstance(emb, (list, tuple)) and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in emb) else None
+            except OverflowError:
+                emb = None
+            if not emb or not all(math.isfinite(x) for x in emb):
                 raise EventError("bad_embedding", "image_emb must be a non-empty list of finite numbers")
-            emb = tuple(float(x) for x in emb)
         return Entity(node, ts, text, attrs, emb)
 
     def decode_engagement(self, raw: bytes | None) -> Engagement:

@@ -193,6 +193,13 @@ class GraphWriter:
     def cached_nodes(self) -> int:
         return len(self._cache)
 
+    def discard_uncommitted_entities(self) -> None:
+        """Forget the entities, vectors and entity markers since the last entity commit (a
+        commit failed); the engagement side keeps its pending state."""
+        with self.lock:
+            self._entities_new, self._knowledge_new = {}, {}
+            self.dirty.drop_entities()
+
     def discard_uncommitted(self) -> None:
         """Forget everything since the last commit (used when a commit failed)."""
         with self.lock:

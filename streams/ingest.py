@@ -18,23 +18,19 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from hirflow.state.events import Engagement, EventError, Validator
-from hirflow.state.writer import BOTH_SIDES, DST_SIDE, SRC_SIDE, GraphWriter
+from hirflow.state.writer import BOTH_SIDES, GraphWriter
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
 from hirflow.streams.metrics import (BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
-                                     EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, REVERSE_SENT)
-from hirflow.streams.reverse_record import ReverseRecord
+                                     EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES)
+from hirflow.streams.side_router import SideRouter
 from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
 
 # a stream quiet this long is idle: Kafka's commit of the newest durable offsets is confirmed
 IDLE_CONFIRM_S = 1.0
-
-
-class DeliveryError(RuntimeError):
-    """A dead letter or reverse record was not acknowledged: the batch must not commit."""
 
 
 def owned_partitions(cfg: HirflowConfig) -> list[int]:
@@ -54,12 +50,11 @@ class IngestLoop:
         self.partitions = owned_partitions(cfg)
         self._owned = frozenset(self.partitions)
         self._single = cfg.worker.count == 1
-        self._partition_of = writer.store.keys.partition
         self.consumer = consumer or clients.consumer(cfg.kafka, cfg.ingest.group_id)
         self.producer = producer or clients.producer(cfg.kafka, on_delivery=self._on_delivery)
         self.dead = DeadLetters(self.producer, topics.dead_letter)
-        self._delivery_errors: list[str] = []
-        self._pending_sends = 0
+        self.sides = SideRouter(writer, self.producer, topics.reverse, self._owned,
+                                self.validator, self.dead)
         self._last_lag = 0.0
         self._pending: dict[tuple[str, int], int] = {}   # consumed, not yet durable
         self._apply_seconds = 0.0
@@ -85,8 +80,7 @@ class IngestLoop:
                  self.partitions, self.topics.engagements)
 
     def _on_delivery(self, err, msg) -> None:
-        if err is not None:
-            self._delivery_errors.append(f"{msg.topic()}: {err}")
+        self.sides.on_delivery(err, msg)
 
     # -- one batch --------------------------------------------------------------------------
     def poll_once(self, timeout: float | None = None) -> int:
@@ -124,7 +118,7 @@ class IngestLoop:
         last = self._pending
         with self.writer.lock:
             try:
-                self._await_sends()
+                self.sides.await_sends()
                 for (topic, p), off in last.items():
                     self.writer.applied(topic, p, off)
                 self.writer.commit()
@@ -172,11 +166,14 @@ class IngestLoop:
                 except EventError as exc:
                     self.dead.send(m, exc.reason, exc.detail)
                     continue
-                sides = BOTH_SIDES if self._single else self._route(ev, p, off)
+                except Exception as exc:     # a hostile record must not stop ingest
+                    self.dead.send(m, "undecodable", f"{type(exc).__name__}: {exc}"[:1000])
+                    continue
+                sides = BOTH_SIDES if self._single else self.sides.route(ev, p, off)
                 if sides:
                     good.append((ev, sides))
             else:
-                item = self._reverse(m, p)
+                item = self.sides.receive(m, p)
                 if item is not None:
                     good.append(item)
         writer.apply_batch(good)
@@ -188,45 +185,6 @@ class IngestLoop:
         EVENTS_APPLIED.labels(eng).inc(len(good))
         self.applied += len(good)
         return last
-
-    def _route(self, ev: Engagement, p: int, off: int) -> int:
-        """Sides this worker applies; the others go to the reverse topic keyed by that node."""
-        sides = 0
-        for side, node in ((SRC_SIDE, ev.src), (DST_SIDE, ev.dst)):
-            q = self._partition_of(node)
-            if q in self._owned:
-                sides |= side
-            else:
-                clients.produce_blocking(self.producer, self.topics.reverse,
-                                         value=ReverseRecord(ev, side, p, off).encode(),
-                                         key=node.encode(), partition=q)
-                self._pending_sends += 1
-                REVERSE_SENT.inc()
-        return sides
-
-    def _reverse(self, m, q: int) -> tuple[Engagement, int] | None:
-        """A forwarded side: applied unless its origin offset was applied already."""
-        try:
-            ev, side, op, oo = ReverseRecord.decode(m.value(), self.validator)
-        except (EventError, ValueError) as exc:
-            reason = exc.reason if isinstance(exc, EventError) else "bad_reverse_record"
-            self.dead.send(m, reason, str(exc))
-            return None
-        if oo <= self.writer.reverse_mark(q, op):
-            EVENTS_SKIPPED.labels(m.topic()).inc()
-            return None
-        self.writer.reverse_applied(q, op, oo)
-        return ev, side
-
-    def _await_sends(self) -> None:
-        if self._pending_sends or len(self.producer):
-            remaining = self.producer.flush(30)
-            if remaining:
-                raise DeliveryError(f"{remaining} dead-letter/reverse records unacknowledged")
-        self._pending_sends = 0
-        if self._delivery_errors:
-            errors, self._delivery_errors = self._delivery_errors, []
-            raise DeliveryError(f"delivery failed: {errors[:3]}")
 
     # -- metrics --------------------------------------------------------------------------
     def _maybe_lag(self) -> None:

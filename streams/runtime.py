@@ -64,6 +64,7 @@ class WorkerRuntime:
         self.last_beat = 0.0
         self.caught_up = False
         self.error: BaseException | None = None
+        self.entity_error: BaseException | None = None   # an entity batch that failed to commit
         self._thread: threading.Thread | None = None
         self._entity_producer = None
         self._entity_dead: DeadLetters | None = None
@@ -148,19 +149,39 @@ class WorkerRuntime:
                         EVENTS_APPLIED.labels(topic).inc()
                     else:
                         outcomes.append("applied")    # older than what is stored: no-op
-                except EventError as exc:
-                    outcomes.append(exc.reason)
+                except Exception as exc:      # a hostile record must not stop the agent
+                    reason, detail = (exc.reason, exc.detail) if isinstance(exc, EventError) \
+                        else ("bad_entity", f"{type(exc).__name__}: {exc}"[:1000])
+                    outcomes.append(reason)
                     self._dead_letters().send_raw(topic, partition, offset, key, value, timestamp,
-                                                  exc.reason, exc.detail)
+                                                  reason, detail)
                 offsets[(topic, partition)] = offset
-            texts = [e for e in fresh if e.text]
-            if texts and self.text_encoder is not None:
-                for ent, vec in zip(texts, self.text_encoder.encode([e.text for e in texts])):
-                    self.writer.set_knowledge(ent.node, vec)
-            if self._entity_producer is not None and self._entity_producer.flush(30):
-                raise RuntimeError("dead letters for entities were not acknowledged")
-            self.writer.commit_entities(offsets)
+            try:
+                self._encode_texts([e for e in fresh if e.text])
+                if self._entity_producer is not None and self._entity_producer.flush(30):
+                    raise RuntimeError("dead letters for entities were not acknowledged")
+                self.writer.commit_entities(offsets)
+            except Exception as exc:
+                # nothing of this batch is durable, its offsets included: the worker reports
+                # unhealthy and restarts, and reads the batch again
+                self.writer.discard_uncommitted_entities()
+                self.entity_error = exc
+                log.exception("entity batch failed; the worker restarts to read it again")
+                raise
         return outcomes
+
+    def _encode_texts(self, ents: list) -> None:
+        """World-knowledge vectors of these entities' texts, stored with the next commit. A
+        failure of the text encoder costs the vectors, not the entities."""
+        if not ents or self.text_encoder is None:
+            return
+        try:
+            vectors = self.text_encoder.encode([e.text for e in ents])
+        except Exception:
+            log.exception("text encoding failed for %d entities; stored without vectors", len(ents))
+            return
+        for ent, vec in zip(ents, vectors):
+            self.writer.set_knowledge(ent.node, vec)
 
     def _dead_letters(self) -> DeadLetters:
         if self._entity_dead is None:
@@ -172,6 +193,8 @@ class WorkerRuntime:
     def healthy(self) -> tuple[bool, str]:
         if self.error is not None:
             return False, f"ingest failed: {self.error}"
+        if self.entity_error is not None:
+            return False, f"entity commit failed: {self.entity_error}"
         if self._thread is None or not self._thread.is_alive():
             return False, "ingest thread not running"
         if time.monotonic() - self.last_beat > 60:

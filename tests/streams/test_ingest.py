@@ -71,10 +71,14 @@ def test_bad_input_goes_to_dead_letter_and_the_stream_keeps_flowing(cfg, tmp_pat
         (msgpack.packb({"src": "user:1", "dst": "ad:1", "action": "click", "ts": now, "w": float("nan")}), "bad_weight"),
         (b"x" * (10 * 1024 * 1024), "too_large"),
         (b'{"src": "user:1", "dst": ', "bad_json"),
+        # a 400-digit integer once stopped ingest before its first commit, and again after
+        # every restart
+        (json.dumps({"src": "user:1", "dst": "ad:1", "action": "click", "ts": now,
+                     "id": 10 ** 400}).encode(), "bad_id"),
     ]
     p = clients.producer(cfg.kafka)
     expected_good = []
-    for i in range(60):
+    for i in range(10 * len(bad)):
         if i % 10 == 5:
             raw, _ = bad[i // 10]
             p.produce(topics.engagements, value=raw, key=b"user:1")
@@ -172,3 +176,33 @@ def test_kafka_offsets_catch_up_with_state_once_the_stream_is_idle(cfg):
         run_until(loop, lambda: loop.applied >= len(evs))
         run_until(loop, lambda: committed_total(cfg, topics.engagements) >= len(evs), timeout=20)
         loop.close()
+
+
+def test_both_forwarded_sides_of_one_engagement_on_one_reverse_partition_are_applied(cfg, tmp_path):
+    """A producer other than hirflow's (or one worker forwarding both sides of an engagement
+    whose nodes share a partition it does not own) puts two sides with the same origin
+    offset on one reverse partition: both apply, once each, also when replayed."""
+    from hirflow.streams.reverse_record import ReverseRecord
+    topics = Topics(cfg.kafka.topic_prefix)
+    with GraphStore(tmp_path / "probe", cfg.schema, cfg.kafka.partitions) as s:
+        part = s.keys.partition
+    users = [f"user:{i}" for i in range(200)]
+    ads = [f"ad:{i}" for i in range(200)]
+    src = next(u for u in users if part(u) == 0)
+    dst = next(a for a in ads if part(a) == 0)
+    ev = Engagement(src, dst, "click", 1_767_225_600_000)
+    p = clients.producer(cfg.kafka)
+    for _ in range(2):                                  # the second copy: a replay
+        for side in (1, 2):
+            p.produce(topics.reverse, value=ReverseRecord(ev, side, 3, 41).encode(),
+                      key=(src if side == 1 else dst).encode(), partition=0)
+    assert p.flush(30) == 0
+    store = GraphStore(tmp_path / "w", cfg.schema, cfg.kafka.partitions)
+    loop = IngestLoop(cfg, GraphWriter(store, cfg.graph), topics)
+    run_until(loop, lambda: loop.applied >= 2, timeout=30)
+    for _ in range(10):
+        loop.poll_once(timeout=0.05)
+    loop.close()
+    assert loop.applied == 2
+    assert store.reader.state(src).events == 1 and store.reader.state(dst).events == 1
+    store.close()
