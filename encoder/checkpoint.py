@@ -107,10 +107,14 @@ def load(path: str | os.PathLike) -> Checkpoint:
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{mpath}: format {manifest.get('format')!r}, expected {FORMAT!r}")
     files = manifest.get("files") or {}
-    if WEIGHTS not in files:
+    if not isinstance(files, dict) or WEIGHTS not in files:
         raise CheckpointError(f"{mpath}: lists no {WEIGHTS}")
+    root = path.resolve()
     for name, digest in files.items():
         f = path / name
+        if not isinstance(name, str) or not isinstance(digest, str) or f.resolve().parent != root:
+            raise CheckpointError(f"{mpath}: file {str(name)[:80]!r} is not a file of the "
+                                  f"checkpoint folder")
         if not f.exists():
             raise CheckpointError(f"{path}: {name} is missing")
         actual = sha256_file(f)

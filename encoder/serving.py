@@ -56,11 +56,19 @@ class ServingModel:
     def from_checkpoint(cls, path: str | Path, device: torch.device | None = None) -> "ServingModel":
         """Verify (sha256 of every file) and load; raises `CheckpointError` when it fails."""
         ck = ckpt.load(path)
-        model = encoder_from(ck)
+        try:
+            model = encoder_from(ck)
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ckpt.CheckpointError(f"{path}: its model config is not one this version "
+                                       f"reads (a newer trainer?): {exc}") from None
         cfg = model.cfg
         if ck.codebooks is None:
             raise ckpt.CheckpointError(f"{path}: no quantizer codebooks; cannot make BoM tokens")
-        qcfg = QuantizerConfig(**ck.manifest["quantizer"])
+        try:
+            qcfg = QuantizerConfig(**ck.manifest["quantizer"])
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ckpt.CheckpointError(f"{path}: its quantizer config is not one this version "
+                                       f"reads: {exc}") from None
         quant = BoMQuantizer.from_codebooks(ck.codebooks, qcfg)
         model = model.to(device or default_device()).eval()
         return cls(ck.id, str(Path(path).resolve()), cfg.d_emb, qcfg.m, qcfg.nbits,

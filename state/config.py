@@ -159,11 +159,20 @@ def from_env(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def _dotted(overrides: Mapping[str, Any]) -> dict[str, Any]:
+def _dotted(cls: type, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Dotted keys -> a nested dict. Inside a table-typed field the rest of the key is one
+    entry, as with env variables: `kafka.client.sasl.password` sets
+    `kafka.client["sasl.password"]`."""
     out: dict[str, Any] = {}
     for key, value in overrides.items():
-        node = out
         parts = key.split(".")
+        tp: Any = cls
+        for i, part in enumerate(parts):
+            if _is_table_type(tp) and i > 0:
+                parts = parts[:i] + [".".join(parts[i:])]
+                break
+            tp = _field_types(tp).get(part) if _is_dataclass_type(tp) else None
+        node = out
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
@@ -181,5 +190,5 @@ def load_config(cls: type, file: str | os.PathLike | None = None,
         data = _deep_merge(data, read_file(file))
     data = _deep_merge(data, from_env(cls, env))
     if overrides:
-        data = _deep_merge(data, _dotted({k: v for k, v in overrides.items() if v is not None}))
+        data = _deep_merge(data, _dotted(cls, {k: v for k, v in overrides.items() if v is not None}))
     return build(cls, data)

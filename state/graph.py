@@ -37,7 +37,7 @@ from hirflow.state.schema import SchemaConfig, node_type
 
 log = logging.getLogger(__name__)
 
-STORE_SCHEMA_VERSION = 1
+STORE_SCHEMA_VERSION = 2     # 2: reverse marks are origin offset * 4 + side
 COLUMN_FAMILIES = ("nodes", "entities", "knowledge", "dirty", "meta",
                    # the serving index (state/index.py) and super-graph (state/supergraph.py)
                    "embeddings", "postings", "members", "published", "outbox", "supergraph")
@@ -194,6 +194,23 @@ class GraphStore:
             raise IncompatibleStoreError(
                 f"state store {self.path} was built for {parts} partitions, config says "
                 f"{num_partitions}; node keys depend on it. Use a new path or the old count.")
+
+    def claim_worker(self, count: int, index: int) -> None:
+        """Record which worker of how many built this store; refuse another. The store holds
+        the state of the partitions p with p % count == index: opened by a worker with
+        another count or index it would replay partitions it never held, or drop ones it did
+        (moving partitions between workers is not supported)."""
+        meta = self.cf["meta"]
+        raw = meta.get(b"worker_topology")
+        if raw is None:
+            meta[b"worker_topology"] = msgpack.packb([count, index])
+            return
+        was = msgpack.unpackb(raw)
+        if was != [count, index]:
+            raise IncompatibleStoreError(
+                f"state store {self.path} belongs to worker {was[1]} of {was[0]}; this worker is "
+                f"{index} of {count}. Changing the worker count needs new state: start the "
+                f"workers on empty volumes (they rebuild from the topics) or go back to {was[0]}.")
 
     def catch_up(self) -> None:
         """A follower: see everything the primary has written so far (WAL included)."""

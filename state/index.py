@@ -31,6 +31,7 @@ from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map
 ACTIVE_KEY = b"index:active"        # meta -> [gen, model id, checkpoint path or None]
 BUILDING_KEY = b"index:building"    # meta -> [gen, model id, checkpoint path] during a swap
 ANNOUNCE_PASS_KEY = b"index:announce"  # meta -> gen whose switch still has changes to emit
+ANNOUNCED_TS_KEY = b"index:announced_ts"  # meta -> ts of the newest announcement acted on
 NO_PRIMITIVE = -1                   # assignment of a node served without a checkpoint
 
 
@@ -106,6 +107,9 @@ class TokenIndex:
         """The generation a hot swap is building, if one is under way."""
         v = self._meta(BUILDING_KEY)
         return None if v is None else Generation(*v)
+
+    def announced_ts(self) -> int:
+        return self._meta(ANNOUNCED_TS_KEY) or 0
 
     def announce_pending(self) -> int | None:
         return self._meta(ANNOUNCE_PASS_KEY)

@@ -129,11 +129,15 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
                         "refresh.checkpoint": checkpoint})
     if create_topics:
         ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
-    runtime = WorkerRuntime(cfg)
+    from hirflow.state.graph import IncompatibleStoreError
+    try:
+        runtime = WorkerRuntime(cfg)
+    except IncompatibleStoreError as exc:
+        raise click.ClickException(str(exc)) from None
     app = build_app(cfg, runtime)
-    log.info("worker %d/%d on %s, state %s, web http://%s:%d/metrics", cfg.worker.index,
-             cfg.worker.count, cfg.kafka.bootstrap, cfg.graph.path, cfg.worker.web_host,
-             cfg.worker.web_port)
+    # the bootstrap servers are not logged: they may come from a Secret
+    log.info("worker %d/%d, state %s, web http://%s:%d/metrics", cfg.worker.index,
+             cfg.worker.count, cfg.graph.path, cfg.worker.web_host, cfg.worker.web_port)
     try:
         faust.Worker(app, loglevel=(obj.log_level or cfg.worker.log_level).lower(),
                      override_logging=False, quiet=True).execute_from_commandline()
@@ -493,14 +497,21 @@ def export(obj: Ctx, out, fmt, nodes, types):
 @cli.command("config")
 @click.option("--reference", is_flag=True,
               help="Print the reference of every key (Markdown: docs/configuration.md) instead.")
+@click.option("--show-secrets", is_flag=True,
+              help="Print Kafka client passwords, secrets and private keys instead of '***'.")
 @click.pass_obj
-def show_config(obj: Ctx, reference):
-    """Print the effective config (after file, env and flags)."""
+def show_config(obj: Ctx, reference, show_secrets):
+    """Print the effective config (after file, env and flags); secrets are masked."""
     if reference:
         from hirflow.streams.config_reference import render
         click.echo(render(), nl=False)
         return
-    click.echo(json.dumps(as_dict(obj.config()), indent=2, default=str))
+    out = as_dict(obj.config())
+    if not show_secrets:
+        out["kafka"]["client"] = config_mod.masked_client(out["kafka"]["client"])
+        if out["worker"]["api_token"]:
+            out["worker"]["api_token"] = "***"
+    click.echo(json.dumps(out, indent=2, default=str))
 
 
 @cli.command()

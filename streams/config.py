@@ -51,12 +51,18 @@ class WorkerConfig:
     log_format: str = "text"            # text or json
     log_level: str = "INFO"             # DEBUG, INFO, WARNING, ERROR
     knowledge: bool = True              # encode entity texts into world-knowledge vectors
+    query_threads: int = 4              # threads answering /v1 queries (off the event loop)
+    query_queue: int = 64               # queries that may wait for a thread; more get 429
+    api_token: str = ""                 # when set, /v1 needs "Authorization: Bearer <token>"
+                                        # (set it from a Secret: HIRFLOW_WORKER__API_TOKEN)
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < self.count:
             raise ValueError(f"worker index {self.index} must be in [0, {self.count})")
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
+        if self.query_threads < 1 or self.query_queue < 0:
+            raise ValueError("worker.query_threads must be >= 1 and query_queue >= 0")
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,8 @@ class RefreshConfig:
     neighbors_per_node: int = 4         # heaviest neighbours queued when a node's tokens move
     swap_rate: float = 5000.0           # background re-encodes per second during a hot swap
     checkpoint: str = ""                # checkpoint to serve at first start (else cold start)
+    checkpoints_root: str = ""          # announced checkpoints must lie under this folder
+                                        # ("": anywhere; the Helm chart sets its volume)
     device: str = "auto"                # auto (CUDA when present), cpu, cuda
     cpu_threads: int = 1                # torch + faiss threads on CPU (0: one per core)
     sample_process: bool = True         # sample views in a child process (a store follower)
@@ -160,6 +168,15 @@ class HirflowConfig:
     train: TrainSection = field(default_factory=TrainSection)
     encoder: EncoderSection = field(default_factory=EncoderSection)
     quantizer: QuantizerSection = field(default_factory=QuantizerSection)
+
+
+SECRET_PARTS = ("password", "secret", "token", "key.pem", "credentials", "jaas")
+
+
+def masked_client(client: dict[str, str]) -> dict[str, str]:
+    """librdkafka settings with the values of secret ones (SASL and key passwords, OAuth
+    secrets, inline private keys) replaced by '***', for printing."""
+    return {k: "***" if any(p in k.lower() for p in SECRET_PARTS) else v for k, v in client.items()}
 
 
 def load(file=None, env=None, overrides=None) -> HirflowConfig:

@@ -3,9 +3,15 @@
 Headers carry the reason and origin (topic, partition, offset, timestamp) so a person or a
 repair job can find and replay them. Sent before the batch's offsets are committed, so a
 crash may duplicate a dead letter but never lose one.
+
+A dead letter must fit the broker's message limit with its headers added (a record refused
+for its size is often near the limit already): past `max_bytes` the value is cut to fit,
+and headers give its original length and sha256; the full original stays at its origin
+offset for the topic's retention.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 
@@ -17,10 +23,15 @@ from hirflow.streams.metrics import EVENTS_DEAD
 log = logging.getLogger(__name__)
 
 
+HEADROOM = 4096      # bytes kept for the headers and the record's framing
+MAX_KEY = 16 * 1024  # a longer key is cut (hirflow keys are node ids, at most ~260 bytes)
+
+
 class DeadLetters:
-    def __init__(self, producer: Producer, topic: str) -> None:
+    def __init__(self, producer: Producer, topic: str, max_bytes: int = 1_000_000) -> None:
         self.producer = producer
         self.topic = topic
+        self.max_bytes = max_bytes
         self._last_log = 0.0
         self._unlogged = 0
 
@@ -38,7 +49,16 @@ class DeadLetters:
             ("hirflow.origin.offset", str(offset).encode()),
             ("hirflow.origin.timestamp", str(timestamp).encode()),
         ]
-        produce_blocking(self.producer, self.topic, value=value or b"", key=key, headers=headers)
+        value = value or b""
+        if key is not None and len(key) > MAX_KEY:
+            headers.append(("hirflow.truncated.key_length", str(len(key)).encode()))
+            key = key[:MAX_KEY]
+        room = self.max_bytes - HEADROOM - len(key or b"")
+        if len(value) > room:
+            headers += [("hirflow.truncated.length", str(len(value)).encode()),
+                        ("hirflow.truncated.sha256", hashlib.sha256(value).hexdigest().encode())]
+            value = value[:max(0, room)]
+        produce_blocking(self.producer, self.topic, value=value, key=key, headers=headers)
         EVENTS_DEAD.labels(topic, reason).inc()
         self._log(topic, partition, offset, reason, detail)
 

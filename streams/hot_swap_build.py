@@ -18,11 +18,14 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
+from hirflow.encoder.checkpoint import MANIFEST, sha256_file
 from hirflow.encoder.serving import ServingModel
 from hirflow.state.graph import GraphStore
-from hirflow.state.index import ACTIVE_KEY, ANNOUNCE_PASS_KEY, BUILDING_KEY, IndexRecord, TokenIndex
+from hirflow.state.index import (ACTIVE_KEY, ANNOUNCE_PASS_KEY, ANNOUNCED_TS_KEY, BUILDING_KEY, IndexRecord,
+                                 TokenIndex)
 from hirflow.state.memindex import MemoryIndex
 from hirflow.state.supergraph import SuperGraph
 from hirflow.streams import changes
@@ -61,6 +64,7 @@ class HotSwapBuild:
         self.building: Build | None = None
         self._announce: list[str] = []
         self.budget = RateBudget(rcfg.swap_rate)
+        self.last_ts = index.announced_ts()      # newest announcement acted on
 
     def request(self, announcement: Announcement) -> None:
         self.requests.append(announcement)
@@ -90,9 +94,34 @@ class HotSwapBuild:
             self._announce_step(serving)
         return None
 
+    def refusal(self, ann: Announcement) -> str | None:
+        """Why an announcement must not be acted on, or None. Announcements come from
+        whoever can write the topic: the path must lie under `refresh.checkpoints_root`
+        (when set), the manifest must be the one announced, and it must be newer than the
+        announcement the serving model came from (an older one, replayed, would roll back)."""
+        root = self.rcfg.checkpoints_root
+        path = Path(ann.path)
+        if root and not path.resolve().is_relative_to(Path(root).resolve()):
+            return f"{ann.path} is outside refresh.checkpoints_root {root}"
+        if ann.ts and ann.ts <= self.last_ts:
+            return f"announced at {ann.ts}, not after the serving model's announcement ({self.last_ts})"
+        if ann.sha256 is not None:
+            try:
+                actual = sha256_file(path / MANIFEST)
+            except OSError as exc:
+                return f"manifest unreadable: {exc}"
+            if actual != ann.sha256:
+                return "its manifest is not the one announced (sha256 differs)"
+        return None
+
     def _start(self, ann: Announcement, serving: ServingSnapshot) -> None:
         ck_id, path = ann.id, ann.path
         if ck_id == serving.model.id and self.index.building() is None:
+            return
+        why = self.refusal(ann)
+        if why is not None:
+            CHECKPOINTS_REFUSED.inc()
+            log.error("refusing checkpoint %s (%s): %s", ck_id, path, why)
             return
         model = self.load(path)
         if model is None:
@@ -110,6 +139,9 @@ class HotSwapBuild:
         self.supergraph.clear_generation(gen)
         b = self.index.batch()
         b.set_meta(BUILDING_KEY, [gen, model.id, model.path])
+        if ann.ts:
+            b.set_meta(ANNOUNCED_TS_KEY, ann.ts)
+            self.last_ts = ann.ts
         b.commit()
         todo = sorted(set(serving.memory.ids) | set(self.store.reader.node_ids()))
         self.building = Build(gen, model, empty_memory(gen, model, self.types), todo)

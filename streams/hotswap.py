@@ -63,7 +63,8 @@ class CheckpointWatcher:
     def _dead_letters(self) -> DeadLetters:
         if self._dead is None:
             self._producer = clients.producer(self.cfg.kafka)
-            self._dead = DeadLetters(self._producer, self.topics.dead_letter)
+            self._dead = DeadLetters(self._producer, self.topics.dead_letter,
+                                     self.cfg.kafka.max_message_bytes)
         return self._dead
 
     def close(self) -> None:

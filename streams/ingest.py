@@ -52,7 +52,7 @@ class IngestLoop:
         self._single = cfg.worker.count == 1
         self.consumer = consumer or clients.consumer(cfg.kafka, cfg.ingest.group_id)
         self.producer = producer or clients.producer(cfg.kafka, on_delivery=self._on_delivery)
-        self.dead = DeadLetters(self.producer, topics.dead_letter)
+        self.dead = DeadLetters(self.producer, topics.dead_letter, cfg.kafka.max_message_bytes)
         self.sides = SideRouter(writer, self.producer, topics.reverse, self._owned,
                                 self.validator, self.dead)
         self._last_lag = 0.0

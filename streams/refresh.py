@@ -33,7 +33,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from hirflow.encoder.checkpoint import CheckpointError
 from hirflow.encoder.serving import ServingModel, default_device, set_cpu_threads
 from hirflow.state.graph import GraphStore
 from hirflow.state.index import ACTIVE_KEY, TokenIndex
@@ -125,7 +124,7 @@ class RefreshLoop:
     def _load(self, path: str) -> ServingModel | None:
         try:
             return ServingModel.from_checkpoint(path, self.device)
-        except (CheckpointError, OSError, ValueError, KeyError) as exc:
+        except Exception as exc:        # whatever a checkpoint holds, the worker keeps serving
             CHECKPOINTS_REFUSED.inc()
             log.error("refusing checkpoint %s: %s; keeping the model in use", path, exc)
             return None

@@ -56,6 +56,11 @@ class WorkerRuntime:
         self.topics = Topics(cfg.kafka.topic_prefix)
         self.store = GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions,
                                 sync_writes=cfg.graph.sync_writes)
+        try:
+            self.store.claim_worker(cfg.worker.count, cfg.worker.index)
+        except Exception:
+            self.store.close()
+            raise
         self.writer = GraphWriter(self.store, cfg.graph)
         self.validator = Validator(cfg.schema)
         self.owned = frozenset(owned_partitions(cfg))
@@ -186,7 +191,8 @@ class WorkerRuntime:
     def _dead_letters(self) -> DeadLetters:
         if self._entity_dead is None:
             self._entity_producer = clients.producer(self.cfg.kafka)
-            self._entity_dead = DeadLetters(self._entity_producer, self.topics.dead_letter)
+            self._entity_dead = DeadLetters(self._entity_producer, self.topics.dead_letter,
+                                            self.cfg.kafka.max_message_bytes)
         return self._entity_dead
 
     # -- health and gauges ----------------------------------------------------------------

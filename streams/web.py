@@ -1,8 +1,16 @@
 """The worker's HTTP endpoints: /health, /ready, /metrics, the query API under /v1 and
-/openapi.json (faust's aiohttp web server)."""
+/openapi.json (faust's aiohttp web server).
+
+Queries run in a pool of `worker.query_threads` threads, never on the event loop that also
+answers health checks and runs the entity agent; at most `worker.query_queue` more wait, and
+a request beyond that is answered 429 at once. With `worker.api_token` set, /v1 asks for
+`Authorization: Bearer <token>` (the probes and /metrics stay open)."""
 from __future__ import annotations
 
+import asyncio
+import hmac
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import faust
 from faust.web import Request, Response, View
@@ -16,18 +24,40 @@ log = logging.getLogger(__name__)
 
 
 def register(app: faust.App, runtime: WorkerRuntime) -> None:
-    def answer(view: View, fn, *args) -> Response:
-        """Run a query; QueryError -> its 4xx, anything unexpected -> 500 with a log line."""
+    wcfg = runtime.cfg.worker
+    pool = ThreadPoolExecutor(wcfg.query_threads, thread_name_prefix="hirflow-query")
+    admitted = 0                       # queries running or waiting for a thread
+    token = wcfg.api_token.encode()
+
+    def authorised(request: Request) -> bool:
+        if not token:
+            return True
+        given = request.headers.get("Authorization", "")
+        return given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token)
+
+    async def answer(view: View, request: Request, fn) -> Response:
+        """Run a query in the pool; QueryError -> its 4xx, anything unexpected -> 500 with a
+        log line."""
+        nonlocal admitted
+        if not authorised(request):
+            return view.json({"error": "missing or wrong bearer token (worker.api_token)"},
+                             status=401, headers={"WWW-Authenticate": "Bearer"})
         if runtime.query is None:
             return view.json({"error": "refresh is disabled on this worker (refresh.enabled)"},
                              status=503)
+        if admitted >= wcfg.query_threads + wcfg.query_queue:
+            return view.json({"error": "too many queries in flight; retry shortly"}, status=429,
+                             headers={"Retry-After": "1"})
+        admitted += 1
         try:
-            return view.json(fn(*args))
+            return view.json(await asyncio.get_running_loop().run_in_executor(pool, fn))
         except QueryError as exc:
             return view.json({"error": exc.message}, status=exc.status)
         except Exception:
             log.exception("query failed")
             return view.json({"error": "internal error; see the worker log"}, status=500)
+        finally:
+            admitted -= 1
 
     @app.page("/health")
     class Health(View):
@@ -57,29 +87,30 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     @app.page("/v1/status")
     class Status(View):
         async def get(self, request: Request) -> Response:
-            return answer(self, lambda: runtime.query.status())
+            return await answer(self, request, lambda: runtime.query.status())
 
     @app.page("/v1/nodes/{node}")
     class Node(View):
         async def get(self, request: Request, node: str) -> Response:
-            return answer(self, lambda: runtime.query.node(node))
+            return await answer(self, request, lambda: runtime.query.node(node))
 
     @app.page("/v1/retrieve")
     class Retrieve(View):
         async def get(self, request: Request) -> Response:
-            return answer(self, lambda: runtime.query.retrieve(request.query))
+            return await answer(self, request, lambda: runtime.query.retrieve(request.query))
 
     @app.page("/v1/similar")
     class Similar(View):
         async def get(self, request: Request) -> Response:
-            return answer(self, lambda: runtime.query.similar(request.query))
+            return await answer(self, request, lambda: runtime.query.similar(request.query))
 
     @app.page("/v1/primitives/{level}/{prim}")
     class Primitive(View):
         async def get(self, request: Request, level: str, prim: str) -> Response:
-            return answer(self, lambda: runtime.query.primitive(level, prim, request.query))
+            return await answer(self, request,
+                                lambda: runtime.query.primitive(level, prim, request.query))
 
     @app.page("/v1/proximity")
     class Proximity(View):
         async def get(self, request: Request) -> Response:
-            return answer(self, lambda: runtime.query.proximity(request.query))
+            return await answer(self, request, lambda: runtime.query.proximity(request.query))

@@ -74,9 +74,10 @@ class WorkerProcess:
         except OSError:
             return {}
 
-    def get(self, path: str) -> tuple[int, bytes]:
+    def get(self, path: str, headers: dict | None = None) -> tuple[int, bytes]:
         try:
-            with urllib.request.urlopen(self.url(path), timeout=2) as r:
+            with urllib.request.urlopen(urllib.request.Request(self.url(path), headers=headers or {}),
+                                        timeout=2) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()

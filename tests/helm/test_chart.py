@@ -209,6 +209,7 @@ def test_defaults_render_workers_api_trainer_and_config(kube, tmp_path):
     assert job["containers"][0]["args"] == ["train"]          # settings: the [train] section
     assert {m["mountPath"] for m in job["containers"][0]["volumeMounts"]} >= {"/etc/hirflow", "/checkpoints"}
     assert cfg.train.out == "/checkpoints" and cfg.train.announce and cfg.train.train_share == 0.8
+    assert cfg.refresh.checkpoints_root == "/checkpoints"     # announced paths must lie there
     claims = {v["persistentVolumeClaim"]["claimName"] for v in job["volumes"]
               if "persistentVolumeClaim" in v}
     assert claims == {pvc["metadata"]["name"] for pvc in _by_kind(objs, "PersistentVolumeClaim")}
@@ -224,6 +225,16 @@ def test_trainer_values_reach_the_train_section_of_the_shared_config(kube, tmp_p
     cfg = _config_of(objs, tmp_path)
     assert (cfg.train.steps_per_chunk, cfg.train.seed, cfg.train.train_share) == (50, 3, 0.7)
     assert cfg.train.passes == 2 and cfg.train.out == "/checkpoints"
+
+
+def test_api_token_comes_from_a_secret_to_workers_and_the_test_pod(kube):
+    objs, _ = _install(kube, _merge(BOOTSTRAP, {"workers": {"apiTokenSecret": {"name": "api"}}}))
+    (sts,) = _by_kind(objs, "StatefulSet")
+    pods = [sts["spec"]["template"]["spec"]] + [o["spec"] for o in _by_kind(objs, "Pod")]
+    assert len(pods) == 2
+    for pod in pods:
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["HIRFLOW_WORKER__API_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "api", "key": "token"}
 
 
 def _scenario(name: str) -> dict:

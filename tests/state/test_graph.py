@@ -137,3 +137,13 @@ def test_a_node_state_round_trips_through_its_stored_form():
     assert (back.id, back.first, back.last, back.events) == (s.id, s.first, s.last, s.events)
     assert back.edges == s.edges and back.activity == s.activity
     assert all(isinstance(k, tuple) and isinstance(v, tuple) for k, v in back.edges.items())
+
+
+def test_a_store_refuses_a_worker_of_another_topology(tmp_path):
+    """State of worker 0 of 2 is not the state of worker 0 of 3, nor of worker 1 of 2."""
+    with GraphStore(tmp_path / "s", SchemaConfig(), 8) as store:
+        store.claim_worker(2, 0)
+        store.claim_worker(2, 0)                       # the same worker again: fine
+        for count, index in ((3, 0), (2, 1), (1, 0)):
+            with pytest.raises(IncompatibleStoreError, match="belongs to worker 0 of 2"):
+                store.claim_worker(count, index)

@@ -118,3 +118,60 @@ def test_events_after_the_swap_use_the_new_model(cfg, tiny_world, tiny_checkpoin
     finally:
         loop.close()
         store.close()
+
+
+def _rewritten(src, dest_root, **manifest_changes):
+    """A copy of checkpoint `src` whose manifest has `manifest_changes`, with a matching id
+    (so only the changed content can be the reason a worker refuses it)."""
+    import json
+
+    from hirflow.encoder.checkpoint import MANIFEST, content_id
+    tmp = dest_root / "tmp"
+    shutil.copytree(src, tmp)
+    m = json.loads((tmp / MANIFEST).read_text())
+    m.update(manifest_changes)
+    body = {k: v for k, v in m.items() if k not in ("id", "files", "format")}
+    m["id"] = content_id(m["files"], body)
+    (tmp / MANIFEST).write_text(json.dumps(m))
+    return tmp.rename(dest_root / m["id"])
+
+
+def test_announcements_a_worker_must_not_act_on_are_refused_and_it_serves_on(
+        cfg, tiny_world, tiny_checkpoints, tmp_path):
+    """Outside the checkpoints root, a manifest other than the one announced, a model config
+    from a newer trainer (unknown key), a file listed outside the folder, an announcement
+    older than the serving model's: each is refused with a metric, and the loop runs on."""
+    from hirflow.encoder.checkpoint import MANIFEST, sha256_file
+    a, b = tiny_checkpoints
+    root = tmp_path / "root"
+    root.mkdir()
+    a2, b2 = shutil.copytree(a, root / a.name), shutil.copytree(b, root / b.name)
+    outside = shutil.copytree(b, tmp_path / "elsewhere" / b.name)
+    manifest = __import__("json").loads((b2 / MANIFEST).read_text())
+    newer = _rewritten(b2, root, config={**manifest["config"], "a_knob_from_the_future": 1})
+    escaping = _rewritten(b2, root, files={**manifest["files"], "../../secret": "0" * 64})
+    cfg = replace_section(cfg, "refresh", checkpoint=str(a2), swap_rate=10_000.0,
+                          checkpoints_root=str(root))
+    store, writer, loop = loop_over(cfg, tiny_world[:300])
+    try:
+        settle(loop, 100, 5)
+        cases = [Announcement(b.name, str(outside), ts=10),
+                 Announcement(b.name, str(b2), sha256="0" * 64, ts=11),
+                 Announcement(newer.name, str(newer), ts=12),
+                 Announcement(escaping.name, str(escaping), ts=13)]
+        for ann in cases:
+            refused = CHECKPOINTS_REFUSED._value.get()
+            loop.request_swap(ann)
+            loop.run_once()
+            assert CHECKPOINTS_REFUSED._value.get() == refused + 1, ann
+            assert loop.active.id == a.name and loop.building is None and loop.error is None
+        loop.request_swap(Announcement(b.name, str(b2), sha256_file(b2 / MANIFEST), ts=20))
+        settle(loop, 100, 5)
+        assert loop.active.id == b.name
+        refused = CHECKPOINTS_REFUSED._value.get()
+        loop.request_swap(Announcement(a.name, str(a2), ts=15))       # replayed, older: no rollback
+        loop.run_once()
+        assert CHECKPOINTS_REFUSED._value.get() == refused + 1 and loop.active.id == b.name
+    finally:
+        loop.close()
+        store.close()

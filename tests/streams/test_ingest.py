@@ -206,3 +206,28 @@ def test_both_forwarded_sides_of_one_engagement_on_one_reverse_partition_are_app
     assert loop.applied == 2
     assert store.reader.state(src).events == 1 and store.reader.state(dst).events == 1
     store.close()
+
+
+def test_a_dead_letter_fits_the_message_limit_with_its_headers(cfg):
+    """A record refused for its size is near the broker's limit already: its dead letter is
+    cut to fit with the headers added, and says how long the original was and its hash."""
+    import hashlib
+
+    from hirflow.streams.deadletter import DeadLetters
+    topics = Topics(cfg.kafka.topic_prefix)
+    p = clients.producer(cfg.kafka)
+    limit = 100_000
+    dead = DeadLetters(p, topics.dead_letter, max_bytes=limit)
+    original = bytes(range(256)) * 500                           # 128,000 bytes
+    dead.send_raw(topics.engagements, 2, 17, b"user:1", original, 0, "too_large", "x" * 900)
+    dead.send_raw(topics.engagements, 2, 18, b"user:2", b"small", 0, "bad_json", "")
+    assert p.flush(30) == 0
+    got = {parse_headers(m.headers())["hirflow.origin.offset"]: m
+           for m in drain(cfg, topics.dead_letter, 2)}
+    big, small = got["17"], got["18"]
+    size = len(big.value()) + len(big.key()) + sum(len(k) + len(v) for k, v in big.headers())
+    assert size <= limit and original.startswith(big.value())
+    h = parse_headers(big.headers())
+    assert int(h["hirflow.truncated.length"]) == len(original)
+    assert h["hirflow.truncated.sha256"] == hashlib.sha256(original).hexdigest()
+    assert small.value() == b"small" and "hirflow.truncated.length" not in parse_headers(small.headers())

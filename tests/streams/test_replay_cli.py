@@ -28,6 +28,18 @@ def test_help_reads_well():
         assert CliRunner().invoke(cli, cmd).exit_code == 0
 
 
+def test_config_masks_kafka_secrets_unless_asked():
+    env_like = ["--set", "kafka.client.sasl.password=hunter2", "--set", "kafka.client.sasl.username=svc",
+                "--set", "kafka.client.ssl.key.pem=-----BEGIN PRIVATE KEY-----"]
+    r = CliRunner().invoke(cli, env_like + ["config"])
+    assert r.exit_code == 0, r.output
+    client = json.loads(r.output)["kafka"]["client"]
+    assert client == {"sasl.password": "***", "sasl.username": "svc", "ssl.key.pem": "***"}
+    assert "hunter2" not in r.output and "PRIVATE" not in r.output
+    r = CliRunner().invoke(cli, env_like + ["config", "--show-secrets"])
+    assert json.loads(r.output)["kafka"]["client"]["sasl.password"] == "hunter2"
+
+
 def test_unknown_config_key_is_a_usage_error():
     r = CliRunner().invoke(cli, ["--set", "graph.nope=1", "config"])
     assert r.exit_code == 2 and "graph.nope" in r.output

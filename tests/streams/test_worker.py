@@ -112,7 +112,8 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path, workers):
     p.produce(topics.engagements, json.dumps({"src": "user:1", "dst": "ad:7", "action": "click",
                                               "ts": now}).encode(), b"user:1")
     assert p.flush(30) == 0
-    w = workers()
+    w = workers({"HIRFLOW_WORKER__API_TOKEN": "s3cret"})
+    auth = {"Authorization": "Bearer s3cret"}
     try:
         w.wait_metric("hirflow_events_applied_total", 2)      # 1 engagement + 1 entity
         deadline = time.monotonic() + 30
@@ -138,13 +139,15 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path, workers):
                   "/v1/primitives/0/0": 409, "/v1/primitives/x/0": 400,
                   "/v1/proximity?node=user:1&level=0&prim=0": 409, "/v1/status": 200,
                   "/openapi.json": 200}
-        got = {path: w.get(path)[0] for path in expect}
+        got = {path: w.get(path, auth)[0] for path in expect}
         assert got == expect
-        node = json.loads(w.get("/v1/nodes/ad:7")[1])
+        assert w.get("/v1/status")[0] == 401                      # the API needs the token
+        assert w.get("/v1/status", {"Authorization": "Bearer wrong"})[0] == 401
+        node = json.loads(w.get("/v1/nodes/ad:7", auth)[1])
         assert node["model"] == "cold-start" and len(node["tokens"]) == 8
-        hits = json.loads(w.get("/v1/retrieve?user=user:1&k=5")[1])["results"]
+        hits = json.loads(w.get("/v1/retrieve?user=user:1&k=5", auth)[1])["results"]
         assert set(h["node"] for h in hits) <= {"ad:7"}   # cold start: only shared sign-hash tokens
-        sim = json.loads(w.get("/v1/similar?node=ad:7&k=5")[1])["results"]
+        sim = json.loads(w.get("/v1/similar?node=ad:7&k=5", auth)[1])["results"]
         assert all(h["node"] != "ad:7" for h in sim)
         assert set(json.loads(w.get("/openapi.json")[1])["paths"]) >= {"/v1/retrieve", "/v1/nodes/{node}"}
         m = w.metrics()

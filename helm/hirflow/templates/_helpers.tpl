@@ -90,10 +90,22 @@ app.kubernetes.io/component: worker
 {{- if .Values.kafka.bootstrap }}
 {{- $_ := set $managed.kafka "bootstrap" .Values.kafka.bootstrap }}
 {{- end }}
+{{- $_ := set $managed "refresh" (dict "checkpoints_root" .Values.checkpoints.mountPath) }}
 {{- if .Values.workers.checkpoint }}
-{{- $_ := set $managed "refresh" (dict "checkpoint" (printf "%s/%s" .Values.checkpoints.mountPath .Values.workers.checkpoint)) }}
+{{- $_ := set $managed.refresh "checkpoint" (printf "%s/%s" .Values.checkpoints.mountPath .Values.workers.checkpoint) }}
 {{- end }}
 {{- toToml (mustMergeOverwrite (deepCopy .Values.config) $managed) }}
+{{- end }}
+
+{{/* The query API's bearer token, from a Secret (workers and the helm test pod). */}}
+{{- define "hirflow.apiTokenEnv" -}}
+{{- with .Values.workers.apiTokenSecret.name }}
+- name: HIRFLOW_WORKER__API_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.workers.apiTokenSecret.key }}
+{{- end }}
 {{- end }}
 
 {{/* Environment shared by every hirflow container: config file, Kafka endpoints and credentials. */}}
@@ -171,7 +183,7 @@ app.kubernetes.io/component: worker
 {{- if gt (int .Values.workers.replicas) $partitions }}
 {{- $errors = append $errors (printf "workers: replicas (%d) > config.kafka.partitions (%d) leaves workers without partitions" (int .Values.workers.replicas) $partitions) }}
 {{- end }}
-{{- range $section, $keys := dict "graph" (list "path") "worker" (list "web_host" "web_port" "count" "index") "kafka" (list "bootstrap" "client") "train" (list "out" "train_share" "seed" "steps_per_chunk" "announce") }}
+{{- range $section, $keys := dict "graph" (list "path") "worker" (list "web_host" "web_port" "count" "index" "api_token") "kafka" (list "bootstrap" "client") "train" (list "out" "train_share" "seed" "steps_per_chunk" "announce") "refresh" (list "checkpoints_root") }}
 {{- range $keys }}
 {{- if hasKey (get $.Values.config $section | default dict) . }}
 {{- $errors = append $errors (printf "config.%s.%s is set by the chart; remove it from values" $section .) }}
