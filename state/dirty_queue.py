@@ -10,15 +10,25 @@ Three threads share this queue, and every method takes its one lock:
 - the refresh thread `claim`s nodes whose events are durable, and after encoding them deletes
   the markers of those not touched again meanwhile (`clear_settled`), in one critical section
   with the check, so no ingest commit can write a newer marker between the two.
+
+Events may lead the clock (up to `schema.max_future_ms`), and a refresh samples as of now, so
+an edge that starts in the future is not in a view yet. A node is claimed only once its
+marker is current, and a node with an event still ahead (`defer`) is dirty again when that
+event becomes current. The deferred times live in memory: after a restart such a node is
+refreshed once, early, and then only when touched again.
 """
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, Container, Iterator, Mapping
 
 
 class DirtyQueue:
-    def __init__(self, durable: Mapping[str, int]) -> None:
+    def __init__(self, durable: Mapping[str, int],
+                 now_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        self._now_ms = now_ms
+        self._future: dict[str, int] = {}    # node -> its newest event still ahead of the clock
         self._lock = threading.RLock()
         self._committed = threading.Condition(self._lock)
         self._marks: dict[str, int] = dict(durable)   # node -> oldest event not yet refreshed
@@ -57,6 +67,14 @@ class DirtyQueue:
                     # durable, so this commit writes it too
                     new[node] = old
 
+    def defer(self, ahead: Mapping[str, int]) -> None:
+        """These nodes have events ahead of the clock (node -> the newest): dirty again when
+        it becomes current."""
+        with self._lock:
+            for node, ts in ahead.items():
+                if ts > self._future.get(node, -1):
+                    self._future[node] = ts
+
     def commit_with(self, write: Callable[[dict[str, int]], None]) -> None:
         """`write(markers)` durably writes ingest's pending records with these markers;
         afterwards their events are claimable, and a refresh waiting for work wakes up."""
@@ -90,6 +108,7 @@ class DirtyQueue:
         """Back to the durable markers: what was not committed is forgotten."""
         with self._lock:
             self._marks, self._pending, self._new, self._entities = dict(durable), {}, {}, {}
+            self._future = {}
 
     # -- the refresh thread -----------------------------------------------------------------
     def wait_for_commit(self, timeout: float) -> None:
@@ -105,10 +124,17 @@ class DirtyQueue:
         would otherwise wait until a commit window misses it); one whose every pending event
         is uncommitted, or whose entity is, waits for the commit."""
         with self._lock:
+            now = self._now_ms()
+            if self._future:
+                for n, ts in [(n, ts) for n, ts in self._future.items() if ts <= now]:
+                    del self._future[n]
+                    old = self._marks.get(n)
+                    if old is None or ts < old:
+                        self._marks[n] = ts
             out: dict[str, int] = {}
             again: dict[str, int] = {}
             for n, ts in self._marks.items():
-                if n in self._entities:
+                if n in self._entities or ts > now:      # not current yet: later
                     continue
                 p = self._pending.get(n)
                 if p is not None:

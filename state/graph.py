@@ -247,8 +247,10 @@ class GraphStore:
         self.db.write(wb, self._write_opt)
 
     # -- raw loads for the write-back cache -------------------------------------------------
-    def load_nodes(self, node_ids: list[str]) -> dict[str, NodeState]:
-        """Multi-get node records; ids not stored are absent from the result."""
+    def load_nodes(self, node_ids: list[str], collided: set[str] | None = None) -> dict[str, NodeState]:
+        """Multi-get node records; ids not stored are absent from the result. An id whose
+        8-byte key holds another node's record (a hash collision) goes into `collided`
+        when given, else raises: nodes are never mixed."""
         if not node_ids:
             return {}
         raws = self.cf["nodes"].get([self.keys.key(n) for n in node_ids])
@@ -257,7 +259,10 @@ class GraphStore:
             if raw is not None:
                 s = NodeState.unpack(raw)
                 if s.id != node_id:  # an 8-byte hash collision: refuse rather than mix nodes
-                    raise StoreError(f"node key collision between {s.id!r} and {node_id!r}")
+                    if collided is None:
+                        raise StoreError(f"node key collision between {s.id!r} and {node_id!r}")
+                    collided.add(node_id)
+                    continue
                 out[node_id] = s
         return out
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import OrderedDict
 from typing import Iterable
 
@@ -39,6 +40,7 @@ class GraphWriter:
         self.signs = {a: spec.sign for a, spec in store.schema.all_actions.items()}
         self._cache: OrderedDict[str, NodeState] = OrderedDict()
         self._changed: set[str] = set()      # nodes changed since the last commit
+        self._key_owner: dict[bytes, str] = {}   # store key -> the cached node that has it
         self.dirty = DirtyQueue(store.reader.dirty())
         self.offsets: dict[tuple[str, int], int] = store.reader.offsets()
         self._offsets_new: dict[tuple[str, int], int] = {}
@@ -50,19 +52,33 @@ class GraphWriter:
         self.evicted_edges = 0
 
     # -- engagements ----------------------------------------------------------------------
-    def prefetch(self, node_ids: Iterable[str]) -> None:
-        """Load the records of these nodes that are not cached, in one multi-get."""
-        cache = self._cache
-        missing = []
+    def prefetch(self, node_ids: Iterable[str]) -> set[str]:
+        """Load the records of these nodes that are not cached, in one multi-get -> the ids
+        that cannot be applied because their 8-byte key belongs to another node (a hash
+        collision, with a stored or a cached node); those are never cached."""
+        cache, owner, key = self._cache, self._key_owner, self.store.keys.key
+        missing, collided = [], set()
         for n in set(node_ids):
             if n in cache:
                 cache.move_to_end(n)    # keep hot records: eviction drops the oldest first
+            elif owner.get(key(n), n) != n:
+                collided.add(n)
             else:
                 missing.append(n)
         if missing:
-            loaded = self.store.load_nodes(missing)
+            loaded = self.store.load_nodes(missing, collided)
             for n in missing:
+                if n in collided:
+                    continue
+                k = key(n)
+                if owner.setdefault(k, n) != n:      # two new ids of one key in this call
+                    collided.add(n)
+                    continue
                 cache[n] = loaded.get(n) or NodeState(n)
+        if collided:
+            log.error("node key collision: %d node ids refused (e.g. %r)", len(collided),
+                      next(iter(collided)))
+        return collided
 
     def apply(self, ev: Engagement, sides: int = BOTH_SIDES) -> None:
         """Apply one engagement to the sides this worker owns; marks them dirty."""
@@ -92,15 +108,21 @@ class GraphWriter:
                 if t < a[3]:
                     a[3] = t
             a[2] += 1
-        self.prefetch([n for (src, dst, _, _) in agg for n in (src, dst)])
+        collided = self.prefetch([n for (src, dst, _, _) in agg for n in (src, dst)])
+        if collided:                             # ingest dead-letters these before they get here
+            agg = {k: v for k, v in agg.items() if k[0] not in collided and k[1] not in collided}
         cache, limit = self._cache, self.config.top_k
         keep = self.config.top_k - self.config.trim_slack
         touched: dict[str, int] = {}            # node -> its oldest event in this batch
+        ahead: dict[str, int] = {}              # node -> its newest event ahead of the clock
+        now = int(time.time() * 1000)
 
-        def touch(node: str, ts: int) -> None:
+        def touch(node: str, ts: int, newest: int) -> None:
             old = touched.get(node)
             if old is None or ts < old:
                 touched[node] = ts
+            if newest > now and newest > ahead.get(node, -1):
+                ahead[node] = newest
         for (src, dst, action, sides), (w, tref, n, first, last) in agg.items():
             rate = rates[action]
             if sides & SRC_SIDE:
@@ -108,15 +130,17 @@ class GraphWriter:
                 s.apply_sum(dst, action, OUT, w, tref, n, first, last, rate)
                 if len(s.edges) > limit:
                     self.evicted_edges += s.trim(keep, rates)
-                touch(src, first)
+                touch(src, first, last)
             if sides & DST_SIDE:
                 d = cache[dst]
                 d.apply_sum(src, action, IN, w, tref, n, first, last, rate)
                 if len(d.edges) > limit:
                     self.evicted_edges += d.trim(keep, rates)
-                touch(dst, first)
+                touch(dst, first, last)
         self._changed.update(touched)
         self.dirty.touch_many(touched)
+        if ahead:
+            self.dirty.defer(ahead)
 
     # -- entities -------------------------------------------------------------------------
     def upsert_entity(self, ent: Entity) -> bool:
@@ -187,7 +211,8 @@ class GraphWriter:
             for _ in range(over + self.config.cache_nodes // 10):
                 if not self._cache:
                     break
-                self._cache.popitem(last=False)
+                n, _ = self._cache.popitem(last=False)
+                self._key_owner.pop(self.store.keys.key(n), None)
 
     @property
     def cached_nodes(self) -> int:
@@ -205,6 +230,7 @@ class GraphWriter:
         with self.lock:
             for n in self._changed:
                 self._cache.pop(n, None)
+                self._key_owner.pop(self.store.keys.key(n), None)
             self._changed.clear()
             self._offsets_new = {}
             self._marks_new = {}

@@ -77,6 +77,8 @@ class RefreshConfig:
     checkpoint: str = ""                # checkpoint to serve at first start (else cold start)
     checkpoints_root: str = ""          # announced checkpoints must lie under this folder
                                         # ("": anywhere; the Helm chart sets its volume)
+    allow_rollback: bool = False        # act on an announced checkpoint trained on older data
+                                        # than the serving one (else it is refused)
     device: str = "auto"                # auto (CUDA when present), cpu, cuda
     cpu_threads: int = 1                # torch + faiss threads on CPU (0: one per core)
     sample_process: bool = True         # sample views in a child process (a store follower)

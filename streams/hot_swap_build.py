@@ -14,6 +14,7 @@ A swap cut short by a restart starts over from step 1 (`resume`).
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
@@ -50,6 +51,15 @@ class Build:
     todo: list[str]
     done: int = 0
     started: float = field(default_factory=time.monotonic)
+
+
+def _data_end(checkpoint: Path) -> int | None:
+    """The last event time of a checkpoint's training data (its manifest), if it says."""
+    try:
+        window = json.loads((checkpoint / MANIFEST).read_text()).get("data_window")
+        return int(window[1])
+    except (OSError, ValueError, TypeError, IndexError, KeyError, AttributeError):
+        return None
 
 
 class HotSwapBuild:
@@ -94,11 +104,13 @@ class HotSwapBuild:
             self._announce_step(serving)
         return None
 
-    def refusal(self, ann: Announcement) -> str | None:
+    def refusal(self, ann: Announcement, serving: ServingSnapshot) -> str | None:
         """Why an announcement must not be acted on, or None. Announcements come from
         whoever can write the topic: the path must lie under `refresh.checkpoints_root`
-        (when set), the manifest must be the one announced, and it must be newer than the
-        announcement the serving model came from (an older one, replayed, would roll back)."""
+        (when set), the manifest must be the one announced, the announcement must be newer
+        than the one the serving model came from (an older one, replayed, would roll back),
+        and the checkpoint must not be trained on older data than the serving one unless
+        `refresh.allow_rollback` is set."""
         root = self.rcfg.checkpoints_root
         path = Path(ann.path)
         if root and not path.resolve().is_relative_to(Path(root).resolve()):
@@ -112,13 +124,17 @@ class HotSwapBuild:
                 return f"manifest unreadable: {exc}"
             if actual != ann.sha256:
                 return "its manifest is not the one announced (sha256 differs)"
+        new, old = _data_end(path), _data_end(Path(serving.model.path)) if serving.model.path else None
+        if new is not None and old is not None and new < old and not self.rcfg.allow_rollback:
+            return (f"trained on data up to {new}, older than the serving model's ({old}); "
+                    f"set refresh.allow_rollback to roll back")
         return None
 
     def _start(self, ann: Announcement, serving: ServingSnapshot) -> None:
         ck_id, path = ann.id, ann.path
         if ck_id == serving.model.id and self.index.building() is None:
             return
-        why = self.refusal(ann)
+        why = self.refusal(ann, serving)
         if why is not None:
             CHECKPOINTS_REFUSED.inc()
             log.error("refusing checkpoint %s (%s): %s", ck_id, path, why)

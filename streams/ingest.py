@@ -143,6 +143,7 @@ class IngestLoop:
         writer = self.writer
         last: dict[tuple[str, int], int] = {}
         good: list[tuple[Engagement, int]] = []
+        good_msgs = []                              # the record each of `good` came from
         counts = {eng: [0, 0, 0], rev: [0, 0, 0]}   # consumed, applied, skipped
         for m in msgs:
             err = m.error()
@@ -172,10 +173,16 @@ class IngestLoop:
                 sides = BOTH_SIDES if self._single else self.sides.route(ev, p, off)
                 if sides:
                     good.append((ev, sides))
+                    good_msgs.append(m)
             else:
                 item = self.sides.receive(m, p)
                 if item is not None:
                     good.append(item)
+                    good_msgs.append(m)
+        if good:
+            collided = writer.prefetch([n for ev, _ in good for n in (ev.src, ev.dst)])
+            if collided:
+                good = self._refuse_collisions(good, good_msgs, collided)
         writer.apply_batch(good)
         for topic, (n_in, _, n_skip) in counts.items():
             if n_in:
@@ -185,6 +192,19 @@ class IngestLoop:
         EVENTS_APPLIED.labels(eng).inc(len(good))
         self.applied += len(good)
         return last
+
+    def _refuse_collisions(self, good, msgs, collided: set[str]) -> list[tuple[Engagement, int]]:
+        """Dead-letter the engagements that touch a node whose key belongs to another node."""
+        kept = []
+        for item, m in zip(good, msgs):
+            ev = item[0]
+            if ev.src in collided or ev.dst in collided:
+                self.dead.send(m, "node_key_collision",
+                               f"the 8-byte key of {ev.src if ev.src in collided else ev.dst!r} "
+                               f"belongs to another node")
+            else:
+                kept.append(item)
+        return kept
 
     # -- metrics --------------------------------------------------------------------------
     def _maybe_lag(self) -> None:

@@ -2,7 +2,13 @@
 
 A refresh worker that crashed after writing a change but before Kafka acknowledged it sends
 it again with the same seq and content; `Subscriber` drops anything at or below the highest
-seq it has yielded for that node, so callers see each change once and in order per node.
+seq it has yielded for that node, so callers see each change once and in order per node
+(it remembers the last `dedup_nodes` nodes it saw: resends come soon after the original).
+
+At least once: the group's offsets cover a batch only once the caller asks for the next one
+(`poll` again, or the next item of `changes`), so a caller that crashes while handling a
+change gets it again after a restart (dedup state is per process: handle changes
+idempotently, e.g. by (node, seq)).
 
     with Subscriber(cfg, group_id="ranker") as sub:
         for change in sub.changes(timeout=1.0):
@@ -11,9 +17,11 @@ seq it has yielded for that node, so callers see each change once and in order p
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Iterator
 
 import msgspec
+from confluent_kafka import TopicPartition
 
 from hirflow.streams import changes, clients
 from hirflow.streams.config import HirflowConfig
@@ -24,24 +32,37 @@ log = logging.getLogger(__name__)
 
 class Subscriber:
     def __init__(self, cfg: HirflowConfig, group_id: str = "hirflow-subscriber",
-                 from_start: bool = True, commit: bool = True) -> None:
+                 from_start: bool = True, commit: bool = True, dedup_nodes: int = 1_000_000) -> None:
         self.topic = Topics(cfg.kafka.topic_prefix).token_changes
+        self.commits = commit
         self.consumer = clients.consumer(
             cfg.kafka, group_id, **{"auto.offset.reset": "earliest" if from_start else "latest",
-                                    "enable.auto.commit": commit,
-                                    "enable.auto.offset.store": True})
+                                    "enable.auto.commit": commit,      # commits stored offsets
+                                    "enable.auto.offset.store": False})  # stored when handled
         self.consumer.subscribe([self.topic])
-        self.last_seq: dict[str, int] = {}
+        self.last_seq: OrderedDict[str, int] = OrderedDict()
+        self.dedup_nodes = dedup_nodes
         self.duplicates = 0
         self.invalid = 0
+        self._handed: dict[tuple[str, int], int] = {}   # offsets of the last batch handed out
+
+    def _store_handed(self) -> None:
+        """The caller asked for more: what it was handed before is handled."""
+        if self._handed and self.commits:
+            self.consumer.store_offsets(offsets=[TopicPartition(t, p, o + 1)
+                                                 for (t, p), o in self._handed.items()])
+        self._handed = {}
 
     def poll(self, timeout: float = 1.0, max_records: int = 1000) -> list[changes.TokenChange]:
-        """New changes received within `timeout` (possibly none)."""
+        """New changes received within `timeout` (possibly none); asking again marks the
+        previous batch handled."""
+        self._store_handed()
         out = []
         for m in self.consumer.consume(max_records, timeout=timeout):
             if m.error() is not None:
                 log.warning("token-change consumer error: %s", m.error())
                 continue
+            self._handed[(m.topic(), m.partition())] = m.offset()
             try:
                 c = changes.decode(m.value())
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -53,6 +74,9 @@ class Subscriber:
                 self.duplicates += 1
                 continue
             self.last_seq[c.node] = c.seq
+            self.last_seq.move_to_end(c.node)
+            if len(self.last_seq) > self.dedup_nodes:
+                self.last_seq.popitem(last=False)
             out.append(c)
         return out
 
@@ -67,6 +91,7 @@ class Subscriber:
                 return
 
     def close(self) -> None:
+        """Leave the group; what was handed out is not marked handled (at least once)."""
         self.consumer.close()
 
     def __enter__(self) -> "Subscriber":

@@ -8,7 +8,7 @@ starting worker reads), fields:
   path         absolute path of the checkpoint folder on the shared volume
   sha256       sha256 of its manifest file
   parent       id of the checkpoint it continued, or nil
-  data_window  the manifest's data window (start, train end, ...), or nil
+  data_window  [first, last] event time (ms) of the training data, or nil
   ts           publication time, ms since the epoch
 A worker needs `id` and `path` to act; the rest is for people and tools.
 """
@@ -28,7 +28,7 @@ class Announcement:
     path: str
     sha256: str | None = None
     parent: str | None = None
-    data_window: dict | None = None
+    data_window: list[int] | None = None
     ts: int = 0
     v: int = ANNOUNCEMENT_VERSION
 
@@ -48,6 +48,7 @@ class Announcement:
         sha, parent, window, ts = (rec.get(k) for k in ("sha256", "parent", "data_window", "ts"))
         return cls(rec["id"], rec["path"], sha if isinstance(sha, str) else None,
                    parent if isinstance(parent, str) else None,
-                   window if isinstance(window, dict) else None,
+                   list(window) if isinstance(window, list) and len(window) == 2
+                   and all(isinstance(x, int) for x in window) else None,
                    ts if isinstance(ts, int) and not isinstance(ts, bool) else 0,
                    rec.get("v") if isinstance(rec.get("v"), int) else ANNOUNCEMENT_VERSION)

@@ -87,3 +87,21 @@ def test_every_event_is_refreshed_after_it_is_durable_and_markers_end_clean(step
         claim(3)
         finish()
     assert not waiting and not len(q) and not durable
+
+
+def test_an_event_ahead_of_the_clock_is_refreshed_when_it_becomes_current():
+    """A refresh samples as of now, so an edge that starts in the future is invisible to it:
+    a node whose only events are ahead waits, and a node claimed now for an older event is
+    dirty again once its newest event is current."""
+    clock = [1_000]
+    q = DirtyQueue({}, now_ms=lambda: clock[0])
+    q.touch_many({"ahead": 5_000, "both": 900})
+    q.defer({"ahead": 5_000, "both": 6_000})
+    q.commit_with(lambda markers: None)
+    assert q.claim(10) == {"both": 900}
+    q.clear_settled({"both": 900}, set(), lambda nodes: None)
+    clock[0] = 5_500
+    assert q.claim(10) == {"ahead": 5_000}
+    clock[0] = 6_000
+    assert q.claim(10) == {"both": 6_000}
+    assert not len(q) and q.claim(10) == {}

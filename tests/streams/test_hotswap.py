@@ -139,8 +139,9 @@ def _rewritten(src, dest_root, **manifest_changes):
 def test_announcements_a_worker_must_not_act_on_are_refused_and_it_serves_on(
         cfg, tiny_world, tiny_checkpoints, tmp_path):
     """Outside the checkpoints root, a manifest other than the one announced, a model config
-    from a newer trainer (unknown key), a file listed outside the folder, an announcement
-    older than the serving model's: each is refused with a metric, and the loop runs on."""
+    from a newer trainer (unknown key), a file listed outside the folder, a checkpoint
+    trained on older data, an announcement older than the serving model's: each is refused
+    with a metric, and the loop runs on."""
     from hirflow.encoder.checkpoint import MANIFEST, sha256_file
     a, b = tiny_checkpoints
     root = tmp_path / "root"
@@ -150,6 +151,7 @@ def test_announcements_a_worker_must_not_act_on_are_refused_and_it_serves_on(
     manifest = __import__("json").loads((b2 / MANIFEST).read_text())
     newer = _rewritten(b2, root, config={**manifest["config"], "a_knob_from_the_future": 1})
     escaping = _rewritten(b2, root, files={**manifest["files"], "../../secret": "0" * 64})
+    older = _rewritten(b2, root, data_window=[1, 2])          # trained on older data
     cfg = replace_section(cfg, "refresh", checkpoint=str(a2), swap_rate=10_000.0,
                           checkpoints_root=str(root))
     store, writer, loop = loop_over(cfg, tiny_world[:300])
@@ -158,7 +160,8 @@ def test_announcements_a_worker_must_not_act_on_are_refused_and_it_serves_on(
         cases = [Announcement(b.name, str(outside), ts=10),
                  Announcement(b.name, str(b2), sha256="0" * 64, ts=11),
                  Announcement(newer.name, str(newer), ts=12),
-                 Announcement(escaping.name, str(escaping), ts=13)]
+                 Announcement(escaping.name, str(escaping), ts=13),
+                 Announcement(older.name, str(older), ts=14)]
         for ann in cases:
             refused = CHECKPOINTS_REFUSED._value.get()
             loop.request_swap(ann)

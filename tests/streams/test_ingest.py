@@ -231,3 +231,28 @@ def test_a_dead_letter_fits_the_message_limit_with_its_headers(cfg):
     assert int(h["hirflow.truncated.length"]) == len(original)
     assert h["hirflow.truncated.sha256"] == hashlib.sha256(original).hexdigest()
     assert small.value() == b"small" and "hirflow.truncated.length" not in parse_headers(small.headers())
+
+
+def test_a_node_key_collision_is_dead_lettered_not_a_crash(cfg, tmp_path):
+    """Two node ids whose 8-byte keys collide (crafted here by weakening the hash; 64 bits
+    can be brute-forced by a hostile producer) never mix: the later id's engagements go to
+    the dead-letter topic and the stream goes on."""
+    topics = Topics(cfg.kafka.topic_prefix)
+    now = 1_767_225_600_000
+    first = [Engagement("user:a", f"ad:{i}", "click", now + i) for i in range(3)]
+    clash = Engagement("user:b", "ad:9", "click", now + 10)
+    after = [Engagement("user:c", "ad:1", "click", now + 20)]
+    produce(cfg, first, progress=False)
+    store = GraphStore(tmp_path / "w", cfg.schema, cfg.kafka.partitions)
+    real = store.keys.key
+    store.keys.key = lambda n: real("user:a") if n == "user:b" else real(n)
+    loop = IngestLoop(cfg, GraphWriter(store, cfg.graph), topics)
+    run_until(loop, lambda: loop.applied >= 3)
+    loop.commit()
+    produce(cfg, [clash] + after, progress=False)
+    run_until(loop, lambda: loop.applied >= 4)
+    loop.close()
+    assert store.reader.state("user:a").events == 3 and store.reader.state("user:c").events == 1
+    (dead,) = drain(cfg, topics.dead_letter, 1)
+    assert parse_headers(dead.headers())["hirflow.reason"] == "node_key_collision"
+    store.close()
