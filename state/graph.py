@@ -111,6 +111,15 @@ def reverse_mark_key(reverse_partition: int, origin_partition: int) -> bytes:
     return b"r:" + struct.pack(">II", reverse_partition, origin_partition)
 
 
+def _id_of(record: bytes) -> str:
+    """The node id of a stored node record (its first field), without decoding the rest."""
+    u = msgpack.Unpacker()
+    u.feed(record)
+    u.read_array_header()
+    return u.unpack()
+
+
+
 def _options(create: bool) -> Options:
     opt = Options(raw_mode=True)
     opt.create_if_missing(create)
@@ -371,6 +380,27 @@ class GraphReader:
         prefix = b"" if partition is None else KeyCodec.partition_prefix(partition)
         for _, v in self._iter_prefix("nodes", prefix):
             yield msgpack.unpackb(v)[0]
+
+    def node_ids_after(self, after: bytes | None, limit: int) -> tuple[list[str], bytes | None]:
+        """Up to `limit` node ids in key order, starting after key `after` (None: from the
+        start) -> (ids, the last key read, None at the end): a listing that can be taken a
+        slice at a time while the store is written, without holding an iterator between."""
+        it = self._cf["nodes"].iter()
+        try:
+            if after is None:
+                it.seek_to_first()
+            else:
+                it.seek(after)
+                if it.valid() and it.key() == after:
+                    it.next()
+            ids, last = [], None
+            while it.valid() and len(ids) < limit:
+                last = it.key()
+                ids.append(_id_of(it.value()))
+                it.next()
+            return ids, (last if it.valid() else None)
+        finally:
+            del it
 
     def count(self, cf: str = "nodes") -> int:
         return sum(1 for _ in self._iter_prefix(cf, b""))

@@ -1,11 +1,13 @@
 """A hot swap, run a slice at a time by the refresh thread: a new checkpoint's generation is
 built beside the serving one, switched to in one write, and its token changes announced.
 
-1. start: load the announced checkpoint (refused with a log line and a metric when it does
-   not load or its content id differs from the announced one), mark the generation being
-   built in RocksDB, list every node to re-encode;
-2. build: re-encode the list within `swap_rate` nodes per second; meanwhile the refresh of
-   dirty nodes writes both generations (`RefreshLoop.refresh`), so none goes stale;
+1. start: check and load the announced checkpoint (refused with a log line and a metric when
+   `refusal` finds a reason, it does not load, or its content id differs from the announced
+   one), mark the generation being built in RocksDB;
+2. build: re-encode every node within `swap_rate` nodes per second, listed from the store a
+   slice at a time (`NodeList`: a large graph is never listed at once), then the indexed
+   nodes without a node record (entity-only); meanwhile the refresh of dirty nodes writes
+   both generations (`RefreshLoop.refresh`), so none goes stale;
 3. switch: one RocksDB write makes the new generation the serving one; the old is dropped;
 4. announce: token changes for every node under the new model, a micro-batch at a time;
    idempotent (nodes whose published model already matches are skipped), so a restart can
@@ -42,13 +44,47 @@ from hirflow.trainer.announcement import Announcement
 log = logging.getLogger(__name__)
 
 
+class NodeList:
+    """Every node to re-encode, a slice at a time: the store's node records in key order
+    (resumed after the last key read, so no iterator is held between slices), then the
+    nodes of the serving index that have no node record."""
+
+    def __init__(self, store: GraphStore, indexed: list[str]) -> None:
+        self.store, self.indexed = store, indexed
+        self.after: bytes | None = None
+        self.phase = 0                          # 0: node records, 1: indexed only, 2: done
+        self.pos = 0
+
+    def take(self, n: int) -> list[str]:
+        if self.phase == 0:
+            ids, self.after = self.store.reader.node_ids_after(self.after, n)
+            if self.after is None:
+                self.phase = 1
+            if ids:
+                return ids
+        while self.phase == 1 and self.pos < len(self.indexed):
+            chunk = self.indexed[self.pos:self.pos + n]
+            self.pos += len(chunk)
+            keys = [self.store.keys.key(i) for i in chunk]
+            ids = [i for i, raw in zip(chunk, self.store.cf["nodes"].get(keys)) if raw is None]
+            if ids:
+                return ids
+        self.phase = 2
+        return []
+
+    @property
+    def exhausted(self) -> bool:
+        return self.phase == 2
+
+
 @dataclass
 class Build:
     """A generation being built for a new checkpoint."""
     gen: int
     model: ServingModel
     memory: MemoryIndex
-    todo: list[str]
+    nodes: NodeList
+    total: int                               # estimate, for progress: nodes indexed at start
     done: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -159,18 +195,20 @@ class HotSwapBuild:
             b.set_meta(ANNOUNCED_TS_KEY, ann.ts)
             self.last_ts = ann.ts
         b.commit()
-        todo = sorted(set(serving.memory.ids) | set(self.store.reader.node_ids()))
-        self.building = Build(gen, model, empty_memory(gen, model, self.types), todo)
+        nodes = NodeList(self.store, list(serving.memory.ids))
+        self.building = Build(gen, model, empty_memory(gen, model, self.types), nodes,
+                              total=len(serving.memory))
         self.budget.reset()
         SWAP_PROGRESS.set(0.0)
-        log.info("hot swap to %s started: re-encoding %d nodes into generation %d",
-                 model.id, len(todo), gen)
+        log.info("hot swap to %s started: re-encoding about %d nodes into generation %d",
+                 model.id, len(serving.memory), gen)
 
     def _build_step(self, serving: ServingSnapshot) -> ServingSnapshot | None:
         b = self.building
-        n = min(self.rcfg.batch_max, self.budget.available(), len(b.todo) - b.done)
-        if n > 0:
-            ids = b.todo[b.done:b.done + n]
+        n = min(self.rcfg.batch_max, self.budget.available())
+        ids = b.nodes.take(n) if n > 0 else []
+        if ids:
+            n = len(ids)
             ts = int(time.time() * 1000)
             sampled = self.views.sample(ids, ts, b.model.packer)
             olds = {r.node: r for r in self.index.records(serving.gen, ids) if r is not None}
@@ -183,8 +221,9 @@ class HotSwapBuild:
             b.done += n
             self.budget.spend(n)
             NODES_REFRESHED.labels("hot_swap").inc(n)
-        SWAP_PROGRESS.set(b.done / max(1, len(b.todo)))
-        return self._switch(serving) if b.done >= len(b.todo) else None
+        b.total = max(b.total, b.done)
+        SWAP_PROGRESS.set(min(0.99, b.done / max(1, b.total)) if not b.nodes.exhausted else 1.0)
+        return self._switch(serving) if b.nodes.exhausted else None
 
     def _switch(self, old: ServingSnapshot) -> ServingSnapshot:
         """Flip the serving generation in one write, then queue the announce pass."""
@@ -237,4 +276,4 @@ class HotSwapBuild:
     def status(self) -> dict | None:
         b = self.building
         return None if b is None else {"model": b.model.id, "generation": b.gen,
-                                       "done": b.done, "total": len(b.todo)}
+                                       "done": b.done, "total_estimate": b.total}
