@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from hirflow.state.memindex_parts import CellLayout, TokenPostings, ivf_candidates
 from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map
 
 
@@ -45,16 +46,8 @@ class MemoryIndex:
         self.assign = np.full((cap, levels), -1, np.int32)
         self.types = np.zeros(cap, np.int16)
         self.seq = np.zeros(cap, np.int64)
-        self._base: dict[int, np.ndarray] = {}
-        self._extra: dict[int, list[int]] = {}
-        # IVF layout of the first codebook, rebuilt by compact(): rows [0, _laid) are ordered by
-        # their first token at compaction (`_home`), cell c is rows _cell_start[c]:[c + 1];
-        # a row whose first token has changed since is no longer in its block (`_in_cell`)
-        self._laid = 0
-        self._cell_start: np.ndarray | None = None
-        self._home = np.full(cap, -1, np.int64)
-        self._in_cell = np.zeros(cap, bool)
-        self._extra_n = 0
+        self.postings = TokenPostings()
+        self.cells = CellLayout(cap, nbits)     # rebuilt by compact()
         self.lock = threading.RLock()
 
     def __len__(self) -> int:
@@ -66,12 +59,12 @@ class MemoryIndex:
         if need <= cap:
             return
         new = max(need, cap * 2)
-        for name in ("emb", "tokens", "assign", "types", "seq", "_home", "_in_cell"):
+        for name in ("emb", "tokens", "assign", "types", "seq"):
             a = getattr(self, name)
-            b = np.full((new,) + a.shape[1:], -1 if name in ("tokens", "assign", "_home") else 0,
-                        a.dtype)
+            b = np.full((new,) + a.shape[1:], -1 if name in ("tokens", "assign") else 0, a.dtype)
             b[:cap] = a
             setattr(self, name, b)
+        self.cells.grow(new)
 
     def upsert(self, node: str, emb: np.ndarray, tokens: Sequence[int], assign: Sequence[int],
                seq: int) -> None:
@@ -87,16 +80,13 @@ class MemoryIndex:
                 old = set()
             else:
                 old = set(self.tokens[row].tolist())
-                if row < self._laid:                # still in its cell's block?
-                    self._in_cell[row] = int(tokens[0]) == self._home[row]
+                self.cells.first_token_set(row, int(tokens[0]))   # still in its cell's block?
             self.emb[row] = emb
             self.tokens[row] = tokens
             self.assign[row] = assign
             self.seq[row] = seq
-            for t in set(int(x) for x in tokens) - old:
-                self._extra.setdefault(t, []).append(row)
-                self._extra_n += 1
-        if self._extra_n > max(50_000, self.n // 4):
+            self.postings.add(row, set(int(x) for x in tokens) - old)
+        if self.postings.pending > max(50_000, self.n // 4):
             self.compact()
 
     def bulk_load(self, ids: Sequence[str], emb: np.ndarray, tokens: np.ndarray,
@@ -123,22 +113,12 @@ class MemoryIndex:
         codebooks, first reorder the rows by first token (the IVF layout). Row numbers change
         here, so they are only valid under the lock or until the next upsert."""
         with self.lock:
-            n, m = self.n, self.m
-            if self.codebooks is not None and n:
-                self._lay_out_cells()
-            flat = self.tokens[:n].ravel()
-            rows = np.repeat(np.arange(n, dtype=np.int64), m)
-            keep = flat >= 0
-            flat, rows = flat[keep], rows[keep]
-            order = np.argsort(flat, kind="stable")
-            flat, rows = flat[order], rows[order]
-            uniq, starts = np.unique(flat, return_index=True)
-            bounds = list(starts[1:]) + [len(flat)]
-            self._base = {int(t): rows[s:e] for t, s, e in zip(uniq, starts, bounds)}
-            self._extra = {}
-            self._extra_n = 0
+            if self.codebooks is not None and self.n:
+                self._order_by_first_token()
+                self.cells.lay_out(self.tokens[:self.n, 0])
+            self.postings.rebuild(self.tokens[:self.n])
 
-    def _lay_out_cells(self) -> None:
+    def _order_by_first_token(self) -> None:
         n = self.n
         order = np.argsort(self.tokens[:n, 0], kind="stable")
         if (order != np.arange(n)).any():
@@ -147,11 +127,6 @@ class MemoryIndex:
                 a[:n] = a[:n][order]
             self.ids = [self.ids[i] for i in order]
             self.rows = {node: j for j, node in enumerate(self.ids)}
-        first = self.tokens[:n, 0]
-        self._cell_start = np.searchsorted(first, np.arange((1 << self.nbits) + 1))
-        self._laid = n
-        self._home[:n] = first
-        self._in_cell[:n] = True
 
     def set_seq(self, node: str, seq: int) -> None:
         """A new published seq for an indexed node whose record is otherwise unchanged."""
@@ -205,17 +180,10 @@ class MemoryIndex:
         scores = self.codebooks[0] @ query
         return [int(c) for c in np.argsort(-scores)[:probes]]
 
-    def _token_rows(self, t: int) -> np.ndarray:
-        base = self._base.get(t)
-        extra = self._extra.get(t)
-        parts = [p for p in (base, np.asarray(extra, np.int64) if extra else None) if p is not None]
-        if not parts:
-            return np.zeros(0, np.int64)
-        rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    def token_rows(self, t: int) -> np.ndarray:
+        """Rows holding token `t` now (under the lock)."""
         col = t >> self.nbits if self.codebooks is not None else None
-        if col is not None and col < self.m:
-            return rows[self.tokens[rows, col] == t]
-        return rows[(self.tokens[rows] == t).any(1)]
+        return self.postings.rows(t, self.tokens, col if col is not None and col < self.m else None)
 
     def search(self, query: np.ndarray, tokens: Iterable[int], k: int = 50,
                types: Iterable[str] | None = None, exclude: Iterable[str] = (),
@@ -232,9 +200,9 @@ class MemoryIndex:
         with self.lock:
             toks = set(int(t) for t in tokens) | set(self.probe_tokens(q, probes))
             if self.codebooks is not None:
-                rows, scores = self._candidates_ivf(q, toks, limit)
+                rows, scores = ivf_candidates(self, q, toks, limit)
             else:
-                parts = [p for p in (self._token_rows(t) for t in toks) if len(p)]
+                parts = [p for p in (self.token_rows(t) for t in toks) if len(p)]
                 if not parts:
                     return []
                 rows, shared = np.unique(np.concatenate(parts), return_counts=True)
@@ -256,47 +224,6 @@ class MemoryIndex:
             best = np.argpartition(-scores, kk - 1)[:kk]
             best = best[np.argsort(-scores[best], kind="stable")]
             return [(self.ids[rows[i]], float(scores[i])) for i in best]
-
-    def _candidates_ivf(self, q: np.ndarray, toks: set[int],
-                        limit: int) -> tuple[np.ndarray, np.ndarray]:
-        """Candidate rows and their exact inner products. Probed cells are scored block by
-        block; rows that joined a probed cell since the last compaction and the postings of
-        the query's other tokens are gathered (`np.take`: 0.6 ms for 22k rows here, faster
-        than a lookup-table sum over their codes) and scored with repeats, cut to `limit`, and
-        only then deduplicated (a row repeats at most m times, so `limit` >= m * k keeps k)."""
-        cells = sorted(t for t in toks if t >> self.nbits == 0)
-        probed = np.zeros(1 << self.nbits, bool)
-        probed[cells] = True
-        rows, scores, loose = [], [], []
-        for c in cells:
-            s = e = 0                                       # no layout before the first compaction
-            if self._cell_start is not None:
-                s, e = int(self._cell_start[c]), int(self._cell_start[c + 1])
-            if e > s:
-                ok = self._in_cell[s:e]
-                rows.append(np.arange(s, e)[ok])
-                scores.append((self.emb[s:e] @ q)[ok])
-            extra = self._extra.get(c)
-            if extra:
-                x = np.asarray(extra, np.int64)
-                loose.append(x[(self.tokens[x, 0] == c) & ~self._in_cell[x]])
-        for t in toks:
-            if t >> self.nbits != 0:
-                r = self._token_rows(t)
-                if len(r):                                  # rows of probed cells: scored above
-                    loose.append(r[~probed[self.tokens[r, 0]]])
-        if loose:
-            lr = np.concatenate(loose)                      # repeats: a row shares several tokens
-            ls = np.take(self.emb, lr, axis=0) @ q
-            if len(lr) > limit:
-                top = np.argpartition(-ls, limit - 1)[:limit]
-                lr, ls = lr[top], ls[top]
-            lr, first = np.unique(lr, return_index=True)
-            rows.append(lr)
-            scores.append(ls[first])
-        if not rows:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        return np.concatenate(rows), np.concatenate(scores)
 
     def similar(self, node: str, k: int = 20, types: Iterable[str] | None = None,
                 probes: int = 0) -> list[tuple[str, float]] | None:

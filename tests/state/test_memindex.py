@@ -52,7 +52,7 @@ def test_compaction_lays_each_cell_out_contiguously_and_keeps_every_node():
     first = ix.tokens[:ix.n, 0]
     assert (np.diff(first) >= 0).all()                  # rows ordered by first token
     for c in np.unique(first)[:5]:
-        s, e = ix._cell_start[c], ix._cell_start[c + 1]
+        s, e = ix.cells.block(c)
         assert (first[s:e] == c).all() and e - s == (first == c).sum()
     for i in range(0, 3000, 97):                        # ids, rows and arrays still agree
         got = ix.get(f"ad:{i}")
@@ -87,7 +87,7 @@ def test_updates_between_compactions_are_found_and_stale_cells_are_not():
     for i, v in enumerate(fresh):
         ix.upsert(f"ad:{3000 + i}", v, quant.tokens(v[None])[0].tolist(), [0], 1)
     x = np.concatenate([x, fresh])
-    assert ix._extra_n and ix._laid                     # not compacted: both paths in use
+    assert ix.postings.pending and ix.cells.laid         # not compacted: both paths in use
     for q in list(moved[:20]) + list(range(3000, 3020)):
         res = ix.search(x[q], quant.tokens(x[q:q + 1])[0].tolist(), 10, probes=64,
                         max_candidates=10_000)
@@ -109,7 +109,7 @@ def test_a_row_that_leaves_its_cell_and_returns_is_found_once():
     res = ix.search(x[r], toks[r].tolist(), 50, probes=64, max_candidates=10_000)
     nodes = [i for i, _ in res]
     assert nodes.count(f"ad:{r}") == 1 and len(set(nodes)) == len(nodes)
-    assert ix._in_cell[ix.row(f"ad:{r}")]                             # back in its block
+    assert ix.cells.in_cell[ix.row(f"ad:{r}")]                          # back in its block
 
 
 def test_rows_upserted_before_any_compaction_are_found():
