@@ -204,6 +204,17 @@ class GraphStore:
                 f"state store {self.path} was built for {parts} partitions, config says "
                 f"{num_partitions}; node keys depend on it. Use a new path or the old count.")
 
+    def topic_ids(self) -> dict[str, str]:
+        """The Kafka topic id each consumed topic had when its offsets were first stored."""
+        return {k[len(b"topic_id:"):].decode(): msgpack.unpackb(v)
+                for k, v in self.reader._iter_prefix("meta", b"topic_id:")}
+
+    def set_topic_ids(self, ids: Mapping[str, str]) -> None:
+        wb = WriteBatch(raw_mode=True)
+        for name, tid in ids.items():
+            wb.put(b"topic_id:" + name.encode(), msgpack.packb(tid), self.handle["meta"])
+        self.write(wb)
+
     def claim_worker(self, count: int, index: int) -> None:
         """Record which worker of how many built this store; refuse another. The store holds
         the state of the partitions p with p % count == index: opened by a worker with

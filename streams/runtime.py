@@ -17,6 +17,7 @@ from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
 from hirflow.streams.ingest import IngestLoop, owned_partitions
 from hirflow.streams.metrics import DIRTY_NODES, EVENTS_APPLIED, EVENTS_CONSUMED, EVENTS_SKIPPED, STATE_BYTES
+from hirflow.streams.topic_identity import check_topic_identity
 from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class WorkerRuntime:
                                 sync_writes=cfg.graph.sync_writes)
         try:
             self.store.claim_worker(cfg.worker.count, cfg.worker.index)
+            check_topic_identity(self.store, cfg.kafka, [self.topics.engagements,
+                                                         self.topics.reverse, self.topics.entities])
         except Exception:
             self.store.close()
             raise

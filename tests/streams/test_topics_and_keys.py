@@ -23,3 +23,24 @@ def test_state_partition_matches_the_producers_partitioner(cfg):
         p.produce(topics.engagements, value=b"x", key=n.encode())
     assert p.flush(30) == 0
     assert got == {n: partition_of(n, cfg.kafka.partitions) for n in ids}
+
+
+def test_a_recreated_topic_is_refused_not_silently_skipped(cfg, tmp_path):
+    """Offsets stored for a topic mean nothing for a new topic of the same name: the worker
+    refuses to start on them and says what to do."""
+    import pytest
+
+    from hirflow.state.graph import GraphStore, IncompatibleStoreError
+    from hirflow.streams import clients
+    from hirflow.streams.topic_identity import check_topic_identity
+    from hirflow.streams.topics import Topics, ensure_topics
+    topics = Topics(cfg.kafka.topic_prefix)
+    with GraphStore(tmp_path / "s", cfg.schema, cfg.kafka.partitions) as store:
+        check_topic_identity(store, cfg.kafka, [topics.engagements])
+        check_topic_identity(store, cfg.kafka, [topics.engagements])     # same topic: fine
+        assert set(store.topic_ids()) == {topics.engagements}
+        admin = clients.admin(cfg.kafka)
+        admin.delete_topics([topics.engagements])[topics.engagements].result()
+        ensure_topics(cfg.kafka, topics)
+        with pytest.raises(IncompatibleStoreError, match="deleted and created again"):
+            check_topic_identity(store, cfg.kafka, [topics.engagements])
