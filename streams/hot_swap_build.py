@@ -151,8 +151,8 @@ class HotSwapBuild:
         path = Path(ann.path)
         if root and not path.resolve().is_relative_to(Path(root).resolve()):
             return f"{ann.path} is outside refresh.checkpoints_root {root}"
-        if ann.ts and ann.ts <= self.last_ts:
-            return f"announced at {ann.ts}, not after the serving model's announcement ({self.last_ts})"
+        if ann.ts and ann.ts < self.last_ts:     # equal: the same announcement, read again
+            return f"announced at {ann.ts}, before the serving model's announcement ({self.last_ts})"
         if ann.sha256 is not None:
             try:
                 actual = sha256_file(path / MANIFEST)

@@ -36,6 +36,7 @@ class CheckpointWatcher:
         self.stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dead: DeadLetters | None = None
+        self._error: BaseException | None = None
         self._producer = None
 
     def start(self) -> None:
@@ -43,7 +44,19 @@ class CheckpointWatcher:
         self._thread = threading.Thread(target=self._run, name="hirflow-checkpoints", daemon=True)
         self._thread.start()
 
+    @property
+    def error(self) -> BaseException | None:
+        """What stopped the watcher thread, if it stopped (the worker then reports unhealthy)."""
+        return self._error
+
     def _run(self) -> None:
+        try:
+            self._watch()
+        except BaseException as exc:
+            self._error = exc
+            log.exception("checkpoint watcher failed; the worker reports unhealthy")
+
+    def _watch(self) -> None:
         latest = None
         while not self.stop.is_set():
             msgs = self.consumer.consume(100, timeout=self.poll_s)
@@ -52,7 +65,7 @@ class CheckpointWatcher:
                     continue
                 try:
                     latest = Announcement.decode(m.value())
-                except ValueError as exc:
+                except Exception as exc:            # any record: a dead letter, never a stop
                     log.error("bad checkpoint announcement at offset %d: %s", m.offset(), exc)
                     self._dead_letters().send(m, "bad_announcement", str(exc))
             if not msgs and latest is not None:        # caught up: act on the newest only

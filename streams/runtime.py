@@ -204,6 +204,8 @@ class WorkerRuntime:
             return False, f"ingest failed: {self.error}"
         if self.entity_error is not None:
             return False, f"entity commit failed: {self.entity_error}"
+        if self.watcher is not None and self.watcher.error is not None:
+            return False, f"checkpoint watcher failed: {self.watcher.error}"
         if self._thread is None or not self._thread.is_alive():
             return False, "ingest thread not running"
         if time.monotonic() - self.last_beat > 60:

@@ -197,3 +197,22 @@ def test_the_swap_lists_every_node_once_a_slice_at_a_time(tmp_path, tiny_world):
         while not nodes.exhausted:
             got += nodes.take(7)
         assert len(got) == len(set(got)) and set(got) == stored | {"ad:text-only"}
+
+
+def test_a_watcher_that_stops_says_so(cfg, tiny_checkpoints):
+    """The worker's /health reads `watcher.error`: a stopped watcher is never silent."""
+    a, _ = tiny_checkpoints
+
+    def fail(ann):
+        raise RuntimeError("cannot hand over")
+    watcher = CheckpointWatcher(cfg, fail, poll_s=0.2)
+    watcher.start()
+    try:
+        _announce(cfg, a)
+        deadline = time.monotonic() + 30
+        while watcher.error is None:
+            assert time.monotonic() < deadline, "the watcher's failure was not reported"
+            time.sleep(0.1)
+        assert "cannot hand over" in str(watcher.error)
+    finally:
+        watcher.close()

@@ -163,3 +163,108 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path, workers):
         assert store.reader.entity("ad:8") is None
         recs = TokenIndex(store).records(0, ["user:1", "ad:7"])       # refreshed (cold start)
         assert all(r is not None and r.model == "cold-start" for r in recs)
+
+
+def test_kill_9_during_a_hot_swap_and_its_announce_pass(cfg, tmp_path, tiny_checkpoints, tiny_world, workers):
+    """A worker killed while building the new generation, and again while announcing it,
+    ends serving the new model with every node re-encoded and announced, the index agreeing
+    with state, and no seq reused for other content."""
+    from hirflow.trainer.publish import announce
+    a, b = tiny_checkpoints
+    produce(cfg, tiny_world, progress=False)
+    env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": str(a),
+           "HIRFLOW_REFRESH__SWAP_RATE": "150", "HIRFLOW_REFRESH__BATCH_MAX": "64",
+           "HIRFLOW_GRAPH__TOP_K": str(cfg.graph.top_k)}
+    w = workers(env)
+    _wait_refreshed(w)
+    announce(clients.connection(cfg.kafka), Topics(cfg.kafka.topic_prefix).checkpoints, b)
+    deadline = time.monotonic() + 60
+    while not 0.0 < w.metrics().get("hirflow_hot_swap_progress", 1.0) < 0.5:   # building
+        assert time.monotonic() < deadline, "the hot swap did not start"
+        time.sleep(0.05)
+    w.kill9()
+    w = workers(env)                                  # restarts the swap, then announces
+    deadline = time.monotonic() + 120
+    while w.metrics().get("hirflow_index_switches_total", 0) < 1:
+        assert time.monotonic() < deadline, "the resumed hot swap did not switch"
+        time.sleep(0.05)
+    w.kill9()                                         # in (or just after) the announce pass
+    w = workers(env)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            code, body = w.get("/v1/status")
+            st = json.loads(body) if code == 200 else {}
+        except OSError:                               # not listening yet
+            st = {}
+        if st.get("model") == b.name and st.get("hot_swap") is None and \
+                w.metrics().get("hirflow_dirty_nodes", 1) == 0:
+            break
+        assert time.monotonic() < deadline, st
+        time.sleep(0.3)
+    time.sleep(2)                                     # the announce pass runs behind the switch
+    assert w.stop() == 0
+    with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
+        ix = TokenIndex(store)
+        gen, model, _ = ix.active()
+        assert model == b.name and ix.building() is None and ix.announce_pending() is None
+        recs = {r.node: r for r in ix.iter_records(gen)}
+        assert set(store.reader.node_ids()) <= set(recs) and {r.model for r in recs.values()} == {b.name}
+        want = sorted((t, store.keys.key(n)) for n, r in recs.items() for t in r.tokens)
+        have = sorted((int.from_bytes(k[2:6], "big"), k[-10:]) for k, _ in ix._scan("postings", gen.to_bytes(2, "big")))
+        assert have == want
+        published = dict(zip(recs, ix.published(list(recs))))
+        assert all(p is not None and p[1] == b.name for p in published.values())
+    seen = _changes_by_seq(cfg)
+    assert all(len(v) == 1 for v in seen.values()), "a seq was reused for different content"
+
+
+
+def test_kill_9_during_entity_batches_keeps_the_newest_entity_of_every_node(cfg, workers):
+    """Entities (several versions per node, hostile records among them) through a worker
+    killed twice mid-stream: every node ends with its newest entity, each hostile record is
+    dead-lettered, and the entity offsets are durable with the entities."""
+    import hashlib
+
+    from tests.streams.kafka_helpers import drain
+    topics = Topics(cfg.kafka.topic_prefix)
+    now = int(time.time() * 1000) - 3_600_000
+    rnd = random.Random(3)
+    newest: dict[str, Entity] = {}
+    p = clients.producer(cfg.kafka)
+    hostile = 0
+    for i in range(3000):
+        if i % 250 == 7:
+            p.produce(topics.entities, b'{"node": "ad:1", "ts": 1, "text": "\\ud800"}', b"ad:1")
+            hostile += 1
+            continue
+        node = f"ad:{rnd.randrange(400)}"
+        e = Entity(node, now + rnd.randrange(10**6), f"text {hashlib.md5(str(i).encode()).hexdigest()}")
+        if node not in newest or e.ts > newest[node].ts:
+            newest[node] = e
+        p.produce(topics.entities, encode_entity(e), node.encode())
+    assert p.flush(30) == 0
+    env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__ENABLED": "false"}
+    for target in (300, 800):            # records consumed (an older version is a no-op)
+        w = workers(env)
+        w.wait_metric("hirflow_events_consumed_total", target, timeout=90)
+        w.kill9()
+    w = workers(env)
+    deadline, last, still = time.monotonic() + 120, -1.0, 0
+    while still < 10:                    # until nothing more arrives for 3 s
+        m = w.metrics()
+        seen = m.get("hirflow_events_consumed_total", 0) + m.get("hirflow_events_skipped_total", 0)
+        still = still + 1 if seen == last and seen > 0 else 0
+        last = seen
+        assert time.monotonic() < deadline, "the entity stream was not finished"
+        time.sleep(0.3)
+    assert w.stop() == 0
+    with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
+        for node, e in newest.items():
+            got = store.reader.entity(node)
+            assert got is not None and (got.ts, got.text) == (e.ts, e.text), node
+    from hirflow.streams.deadletter import parse_headers
+    dead = drain(cfg, topics.dead_letter, 10**9, timeout=5)   # a crash may duplicate one,
+    origins = {parse_headers(m.headers())["hirflow.origin.offset"] + "@" +   # never lose one
+               parse_headers(m.headers())["hirflow.origin.partition"] for m in dead}
+    assert len(origins) == hostile
