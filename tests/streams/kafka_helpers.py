@@ -32,9 +32,9 @@ def run_until(loop, predicate, timeout: float = 60.0) -> None:
         loop.poll_once()
 
 
-def committed_total(cfg: HirflowConfig, topic: str) -> int:
+def committed_total(cfg: HirflowConfig, topic: str, group_id: str | None = None) -> int:
     """Offsets the ingest group has committed to Kafka, summed over the topic's partitions."""
-    c = Consumer({"bootstrap.servers": cfg.kafka.bootstrap, "group.id": cfg.ingest.group_id})
+    c = Consumer({"bootstrap.servers": cfg.kafka.bootstrap, "group.id": group_id or cfg.ingest.group_id})
     tps = c.committed([TopicPartition(topic, p) for p in range(cfg.kafka.partitions)], timeout=10)
     c.close()
     return sum(max(0, tp.offset) for tp in tps)
@@ -56,3 +56,12 @@ def assert_ingest_equals_direct(cfg: HirflowConfig, topics, expected, tmp_path) 
     with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
         apply_direct(store, expected, cfg.graph)
         assert_same_state(via_kafka, digest(store))
+
+
+def end_total(cfg: HirflowConfig, topic: str) -> int:
+    """The topic's high watermarks, summed over its partitions: records ever written."""
+    c = Consumer({"bootstrap.servers": cfg.kafka.bootstrap, "group.id": "test-watermarks"})
+    total = sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(cfg.kafka.partitions))
+    c.close()
+    return total

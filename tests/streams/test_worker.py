@@ -268,3 +268,43 @@ def test_kill_9_during_entity_batches_keeps_the_newest_entity_of_every_node(cfg,
     origins = {parse_headers(m.headers())["hirflow.origin.offset"] + "@" +   # never lose one
                parse_headers(m.headers())["hirflow.origin.partition"] for m in dead}
     assert len(origins) == hostile
+
+
+def test_kill_9_of_one_of_two_workers_loses_no_forwarded_side(cfg, tmp_path, workers):
+    """Two workers, each owning half the partitions and forwarding the other half's sides on
+    the reverse topic; one is killed twice mid-stream. The merged state equals a direct
+    apply of the stream: no side lost, none applied twice."""
+    world = SynthWorld(SynthConfig(events=12_000, users=200, advertisers=6, seed=13))
+    evs = [e for e in world.stream() if isinstance(e, Engagement)]
+    produce(cfg, evs, progress=False)
+
+    def env(i):
+        return {"HIRFLOW_WORKER__COUNT": "2", "HIRFLOW_WORKER__INDEX": str(i),
+                "HIRFLOW_GRAPH__PATH": str(tmp_path / f"w{i}"), "HIRFLOW_INGEST__BATCH_MAX": "500",
+                "HIRFLOW_INGEST__GROUP_ID": f"ingest-w{i}", "HIRFLOW_WORKER__APP_ID": f"hirflow-w{i}",
+                "HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__ENABLED": "false",
+                "HIRFLOW_GRAPH__TOP_K": str(cfg.graph.top_k)}
+    steady = workers(env(0))
+    for target in (1000, 2500):
+        w = workers(env(1))
+        w.wait_metric("hirflow_events_applied_total", target, timeout=90)
+        w.kill9()
+    w = workers(env(1))
+    from tests.streams.kafka_helpers import end_total
+    topics = Topics(cfg.kafka.topic_prefix)
+    deadline = time.monotonic() + 120
+    while True:                          # each partition is one group's: sums add up
+        done = [sum(committed_total(cfg, t, f"ingest-w{i}") for i in range(2)) >= end_total(cfg, t)
+                for t in (topics.engagements, topics.reverse)]
+        if all(done):
+            break
+        assert time.monotonic() < deadline, f"the workers did not finish the stream: {done}"
+        time.sleep(0.5)
+    assert steady.stop() == 0 and w.stop() == 0
+    merged = {}
+    for i in range(2):
+        with GraphStore(tmp_path / f"w{i}", cfg.schema, cfg.kafka.partitions, create=False) as store:
+            merged.update(digest(store))
+    with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
+        apply_direct(store, evs, cfg.graph)
+        assert_same_state(merged, digest(store))
