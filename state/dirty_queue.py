@@ -104,6 +104,16 @@ class DirtyQueue:
         with self._lock:
             self._entities = {}
 
+    def mark_durably(self, markers: Mapping[str, int], write: Callable[[], None]) -> None:
+        """`write()` makes these markers durable (with whatever else it writes: an expiry
+        deletes the nodes' records); then they are claimable."""
+        with self._lock:
+            write()
+            for n, ts in markers.items():
+                old = self._marks.get(n)
+                if old is None or ts < old:
+                    self._marks[n] = ts
+
     def reset(self, durable: Mapping[str, int]) -> None:
         """Back to the durable markers: what was not committed is forgotten."""
         with self._lock:

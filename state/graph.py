@@ -70,8 +70,16 @@ class GraphConfig:
     trim_slack: int = 32               # a full node is trimmed to top_k - trim_slack edges
     cache_nodes: int = 200_000         # hot node records kept in memory (write-back cache)
     sync_writes: bool = False          # fsync each commit: survives power loss, not just kill -9
+    expire_after_days: float = 0.0     # a node idle this long whose edges all weigh less than
+                                       # `expire_below` is expired with its index entries
+                                       # (its entity stays); 0: never
+    expire_below: float = 1e-3         # |decayed edge weight| under which an edge is spent
+    expire_sweep_nodes: int = 2000     # node records the retention sweep examines per second
 
     def __post_init__(self) -> None:
+        if self.expire_after_days < 0 or self.expire_below < 0 or self.expire_sweep_nodes < 1:
+            raise ValueError("expire_after_days and expire_below must be >= 0, "
+                             "expire_sweep_nodes >= 1")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if not 0 <= self.trim_slack < self.top_k or self.cache_nodes < 1:
@@ -241,11 +249,14 @@ class GraphStore:
                dirty_put: Mapping[str, int] | None = None, dirty_del: Iterable[str] = (),
                offsets: Mapping[tuple[str, int], int] | None = None,
                reverse_marks: Mapping[tuple[int, int], int] | None = None,
-               knowledge: Mapping[str, np.ndarray] | None = None) -> None:
+               knowledge: Mapping[str, np.ndarray] | None = None,
+               delete_nodes: Iterable[str] = ()) -> None:
         """Write everything in one atomic, durable batch (offsets included)."""
         wb = WriteBatch(raw_mode=True)
         key = self.keys.key
         h = self.handle
+        for node_id in delete_nodes:
+            wb.delete(key(node_id), h["nodes"])
         for s in nodes:
             wb.put(key(s.id), s.pack(), h["nodes"])
         for e in entities:

@@ -196,6 +196,18 @@ class IndexBatch:
             if prim != NO_PRIMITIVE:
                 wb.put(member_prefix(gen, level, prim) + nk, b"", h["members"])
 
+    def delete_record(self, gen: int, old: IndexRecord) -> None:
+        """Remove a node from generation `gen`: its record, postings and memberships."""
+        ix, wb, h = self.ix, self.wb, self.ix.h
+        nk = ix.key(old.node)
+        tc = ix.type_code.get(node_type(old.node), UNKNOWN_TYPE) & 0xFF
+        wb.delete(gen_prefix(gen) + nk, h["embeddings"])
+        for t in set(old.tokens):
+            wb.delete(posting_prefix(gen, t, tc) + nk, h["postings"])
+        for level, prim in enumerate(old.assign):
+            if prim != NO_PRIMITIVE:
+                wb.delete(member_prefix(gen, level, prim) + nk, h["members"])
+
     def publish(self, node_id: str, seq: int, model: str, tokens, assign, change: bytes) -> None:
         """Remember what subscribers will see and queue the change in the outbox."""
         nk = self.ix.key(node_id)
@@ -214,6 +226,9 @@ class IndexBatch:
 
     def put_raw(self, cf: str, key: bytes, value: bytes) -> None:
         self.wb.put(key, value, self.ix.h[cf])
+
+    def delete_raw(self, cf: str, key: bytes) -> None:
+        self.wb.delete(key, self.ix.h[cf])
 
     def commit(self) -> None:
         self.ix.store.write(self.wb)

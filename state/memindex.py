@@ -38,7 +38,8 @@ class MemoryIndex:
         self.prototypes = list(prototypes) if prototypes is not None else None  # per level (K_l, d)
         self.centres = centres                  # (n_types, d) type means, removed before prototypes
         self.rows: dict[str, int] = {}
-        self.ids: list[str] = []
+        self.ids: list[str] = []                # row -> node (removed rows too, until compaction)
+        self.removed = 0                        # rows of removed nodes, dropped at compaction
         self.n = 0
         cap = 1024
         self.emb = np.zeros((cap, d), np.float32)
@@ -51,7 +52,14 @@ class MemoryIndex:
         self.lock = threading.RLock()
 
     def __len__(self) -> int:
-        return self.n
+        return self.n - self.removed
+
+    def live_ids(self) -> list[str]:
+        """The indexed nodes (`ids` also holds the rows of removed nodes until compaction)."""
+        with self.lock:
+            if not self.removed:
+                return list(self.ids)
+            return [node for j, node in enumerate(self.ids) if self.rows.get(node) == j]
 
     # -- writes (refresh thread) ----------------------------------------------------------
     def _grow(self, need: int) -> None:
@@ -108,11 +116,43 @@ class MemoryIndex:
             self.n += n
         self.compact()
 
-    def compact(self) -> None:
-        """Rebuild the per-token posting arrays from the token matrix (the truth); with
-        codebooks, first reorder the rows by first token (the IVF layout). Row numbers change
-        here, so they are only valid under the lock or until the next upsert."""
+    def remove(self, node: str) -> None:
+        """Take a node out of the index (it expired): its row answers nothing from now on
+        (no tokens, no primitive, no type, outside every cell) and goes at the next
+        compaction."""
         with self.lock:
+            row = self.rows.pop(node, None)
+            if row is None:
+                return
+            self.tokens[row] = -1
+            self.assign[row] = -1
+            self.types[row] = UNKNOWN_TYPE
+            self.emb[row] = 0.0
+            self.cells.in_cell[row] = False
+            self.removed += 1
+        if self.removed > max(10_000, self.n // 4):
+            self.compact()
+
+    def _drop_removed(self) -> None:
+        live = np.zeros(self.n, bool)
+        live[list(self.rows.values())] = True
+        n = int(live.sum())
+        for name in ("emb", "tokens", "assign", "types", "seq"):
+            a = getattr(self, name)
+            a[:n] = a[:self.n][live]
+            a[n:self.n] = -1 if name in ("tokens", "assign") else 0
+        self.ids = [node for node, keep in zip(self.ids, live.tolist()) if keep]
+        self.rows = {node: j for j, node in enumerate(self.ids)}
+        self.n, self.removed = n, 0
+
+    def compact(self) -> None:
+        """Drop the rows of removed nodes and rebuild the per-token posting arrays from the
+        token matrix (the truth); with codebooks, first reorder the rows by first token (the
+        IVF layout). Row numbers change here, so they are only valid under the lock or until
+        the next upsert."""
+        with self.lock:
+            if self.removed:
+                self._drop_removed()
             if self.codebooks is not None and self.n:
                 self._order_by_first_token()
                 self.cells.lay_out(self.tokens[:self.n, 0])

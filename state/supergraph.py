@@ -151,6 +151,19 @@ class SuperGraph:
             batch.put_raw("supergraph", keys[i], _enc(row))
         self._apply_pairs(batch, gen, deltas)
 
+    def remove(self, batch: IndexBatch, gen: int, nodes: list[str]) -> None:
+        """Nodes that left the index: their contributions come off their primitives' rows
+        and their own rows go."""
+        keys = [_node_key(gen, self.ix.key(n)) for n in nodes]
+        olds = [_dec_node(raw) for raw in self.cf.get(keys) if raw is not None]
+        if not olds:
+            return
+        deltas = _Terms()
+        self._subtract(olds, deltas)
+        self._apply_pairs(batch, gen, deltas)
+        for k in keys:
+            batch.delete_raw("supergraph", k)
+
     def _subtract(self, olds: list[NodeContribution], deltas: _Terms) -> None:
         """The stored contributions of nodes, negated, onto their old primitives' rows."""
         lv, q, acts, w, t, prev = [], [], [], [], [], []

@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict
 from typing import Iterable
 
+from hirflow.state.decay import value_at
 from hirflow.state.dirty_queue import DirtyQueue
 from hirflow.state.events import Engagement, Entity
 from hirflow.state.graph import GraphConfig, GraphStore
@@ -41,6 +42,7 @@ class GraphWriter:
         self._cache: OrderedDict[str, NodeState] = OrderedDict()
         self._changed: set[str] = set()      # nodes changed since the last commit
         self._key_owner: dict[bytes, str] = {}   # store key -> the cached node that has it
+        self._expire_after: bytes | None = None   # the retention sweep's cursor
         self.dirty = DirtyQueue(store.reader.dirty())
         self.offsets: dict[tuple[str, int], int] = store.reader.offsets()
         self._offsets_new: dict[tuple[str, int], int] = {}
@@ -188,6 +190,36 @@ class GraphWriter:
 
     def reverse_mark(self, reverse_partition: int, origin_partition: int) -> int:
         return self.reverse_marks.get((reverse_partition, origin_partition), -1)
+
+    # -- retention --------------------------------------------------------------------------
+    def expire_slice(self, now_ms: int) -> list[str]:
+        """Examine the next `expire_sweep_nodes` node records (a cursor over the store, from
+        the start again after the end) and expire the spent ones: idle for
+        `expire_after_days` with every edge decayed below `expire_below`, not dirty and not
+        changed since the last commit. Their records are deleted and a dirty marker written
+        in the same batch, so the refresh removes them from the index (`RefreshLoop`); their
+        entities and text vectors stay. -> the expired ids."""
+        cfg = self.config
+        if not cfg.expire_after_days:
+            return []
+        ids, self._expire_after = self.store.reader.node_ids_after(
+            self._expire_after, cfg.expire_sweep_nodes)
+        idle_before = now_ms - cfg.expire_after_days * 86_400_000
+        with self.lock:
+            ids = [n for n in ids if n not in self._changed and n not in self.dirty]
+            states = self.store.load_nodes(ids, collided=set())
+            spent = [n for n, s in states.items() if s.last is not None and s.last < idle_before
+                     and all(abs(value_at(w, t, now_ms, self.rates[key[1]])) < cfg.expire_below
+                             for key, (w, t, _, _) in s.edges.items())]
+            if not spent:
+                return []
+            markers = {n: now_ms for n in spent}
+            self.dirty.mark_durably(markers, lambda: self.store.commit(
+                delete_nodes=spent, dirty_put=markers))
+            for n in spent:
+                self._cache.pop(n, None)
+                self._key_owner.pop(self.store.keys.key(n), None)
+        return spent
 
     # -- commit ---------------------------------------------------------------------------
     def commit(self) -> int:

@@ -34,6 +34,12 @@ def decode(raw: bytes) -> TokenChange:
     return _decode(raw)
 
 
+def removal(node: str, model: str, seq: int, before_tokens, event_ts: int, ts: int) -> TokenChange:
+    """The change that tells subscribers a node left the index (expired): no tokens."""
+    return TokenChange(node, model, seq, [], [], sorted(int(t) for t in before_tokens), [],
+                       event_ts, ts)
+
+
 def diff(node: str, model: str, seq: int, tokens, assign, before: tuple | None,
          event_ts: int, ts: int) -> TokenChange | None:
     """The change to publish, or None when nothing a subscriber sees differs from `before`

@@ -11,7 +11,8 @@ from hirflow.state.supergraph import SuperGraph
 from hirflow.state.view_source import Sampled
 from hirflow.streams import changes
 
-Staged = list[tuple[IndexRecord, "changes.TokenChange | None"]]
+# per node: (node, its record or None when it left the index, the change to publish or None)
+Staged = list[tuple[str, "IndexRecord | None", "changes.TokenChange | None"]]
 
 
 class GenerationWriter:
@@ -21,17 +22,26 @@ class GenerationWriter:
     def stage(self, batch: IndexBatch, gen: int, model: ServingModel, memory: MemoryIndex,
               ids: list[str], sampled: Sampled, event_ts, ts: int, publish: bool) -> Staged:
         """Encode `ids` (views in `sampled`) with `model`, put their records into `batch` for
-        generation `gen`, and with `publish` their token changes too -> (record, change or
-        None) per node, in order. `memory` supplies the neighbours' primitive assignments."""
+        generation `gen`, and with `publish` their token changes too -> (node, record,
+        change or None) per node, in order. `memory` supplies the neighbours' primitive
+        assignments. A node with neither a node record nor an entity (expired by retention)
+        leaves the generation instead, and subscribers are told (a change without tokens)."""
         if sampled.edges is None or sampled.edges.nodes != tuple(ids):
             raise RuntimeError("the sampled adjacencies are not those of the batch's nodes")
         emb, assign, tokens = model.encode(sampled.views, sampled.knowledge, sampled.prepared)
         olds = self.index.records(gen, ids)
         pubs = self.index.published(ids) if publish else [None] * len(ids)
+        reader = self.index.store.reader
+        gone = {n for n, present in zip(ids, sampled.edges.present.tolist())
+                if not present and reader.entity(n) is None}
         out: Staged = []
         for i, n in enumerate(ids):
             old, pub = olds[i], pubs[i]
             seq = pub[0] if pub is not None else (old.seq if old is not None else 0)
+            if n in gone:
+                out.append((n, None, self._leave(batch, gen, n, model, old, pub, seq, publish,
+                                                 event_ts[n], ts)))
+                continue
             change = None
             if publish:
                 change = changes.diff(n, model.id, seq + 1, tokens[i], assign[i], pub,
@@ -42,9 +52,11 @@ class GenerationWriter:
             rec = IndexRecord(n, model.id, seq, emb[i], tuple(int(t) for t in tokens[i]),
                               tuple(int(a) for a in assign[i]), event_ts[n], ts)
             batch.put_record(gen, rec, old)
-            out.append((rec, change))
+            out.append((n, rec, change))
+        if gone:
+            self.supergraph.remove(batch, gen, sorted(gone))
         if model.encoder is not None:                  # primitives exist only with a checkpoint
-            mine = {rec.node: rec.assign for rec, _ in out}
+            mine = {rec.node: rec.assign for _, rec, _ in out if rec is not None}
 
             def assignments(names: list[str]):
                 """Each neighbour's: this batch's own, else the index's (one gather)."""
@@ -57,7 +69,21 @@ class GenerationWriter:
         return out
 
     @staticmethod
+    def _leave(batch: IndexBatch, gen: int, node: str, model: ServingModel, old, pub, seq: int,
+               publish: bool, event_ts: int, ts: int) -> "changes.TokenChange | None":
+        if old is not None:
+            batch.delete_record(gen, old)
+        if not publish or pub is None or not pub[2]:     # subscribers know no tokens of it
+            return None
+        change = changes.removal(node, model.id, seq + 1, pub[2], event_ts, ts)
+        batch.publish(node, seq + 1, model.id, [], [], changes.encode(change))
+        return change
+
+    @staticmethod
     def apply(out: Staged, memory: MemoryIndex) -> None:
         """After the batch committed: the same records into the in-memory index."""
-        for rec, _ in out:
-            memory.upsert(rec.node, rec.emb, rec.tokens, rec.assign, rec.seq)
+        for node, rec, _ in out:
+            if rec is None:
+                memory.remove(node)
+            else:
+                memory.upsert(rec.node, rec.emb, rec.tokens, rec.assign, rec.seq)

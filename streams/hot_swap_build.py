@@ -123,7 +123,7 @@ class HotSwapBuild:
                      building.model, building.gen)
             self.requests.append(Announcement(building.model, building.path))
         if self.index.announce_pending() == serving.gen:
-            self._announce = list(serving.memory.ids)
+            self._announce = serving.memory.live_ids()
 
     @property
     def busy(self) -> bool:
@@ -195,7 +195,7 @@ class HotSwapBuild:
             b.set_meta(ANNOUNCED_TS_KEY, ann.ts)
             self.last_ts = ann.ts
         b.commit()
-        nodes = NodeList(self.store, list(serving.memory.ids))
+        nodes = NodeList(self.store, serving.memory.live_ids())
         self.building = Build(gen, model, empty_memory(gen, model, self.types), nodes,
                               total=len(serving.memory))
         self.budget.reset()
@@ -235,7 +235,7 @@ class HotSwapBuild:
         batch.commit()
         b.memory.compact()
         self.building = None
-        self._announce = list(b.memory.ids)
+        self._announce = b.memory.live_ids()
         INDEX_SWITCHES.inc()
         try:
             MODEL_INFO.remove(old.model.id)

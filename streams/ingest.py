@@ -23,7 +23,7 @@ from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
 from hirflow.streams.metrics import (BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
-                                     EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES)
+                                     EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, NODES_EXPIRED)
 from hirflow.streams.side_router import SideRouter
 from hirflow.streams.topics import Topics
 
@@ -65,6 +65,7 @@ class IngestLoop:
         # committed offsets would lag the state forever at the end of a stream
         self._unconfirmed: dict[tuple[str, int], int] = {}
         self._last_record = time.monotonic()
+        self._last_sweep = time.monotonic()
         self.applied = 0
         self._assign()
 
@@ -106,6 +107,11 @@ class IngestLoop:
         due = now - self._last_commit >= self.cfg.ingest.commit_interval_ms / 1000
         if self._pending and due:
             self.commit()
+        if self.cfg.graph.expire_after_days and now - self._last_sweep >= 1.0:
+            self._last_sweep = now
+            expired = self.writer.expire_slice(int(time.time() * 1000))
+            if expired:
+                NODES_EXPIRED.inc(len(expired))
         elif self._unconfirmed and not msgs and now - self._last_record >= IDLE_CONFIRM_S:
             self._confirm_kafka_offsets()
         self._maybe_lag()

@@ -30,6 +30,9 @@ CACHED_NODES = Gauge("hirflow_cached_nodes", "Node records in the write-back cac
                      registry=REGISTRY)
 EVICTED_EDGES = Gauge("hirflow_evicted_edges", "Edges evicted from bounded adjacency since start",
                       registry=REGISTRY)
+NODES_EXPIRED = Counter("hirflow_nodes_expired_total",
+                        "Idle nodes whose edges had all decayed, expired by the retention sweep",
+                        registry=REGISTRY)
 
 FRESHNESS = Histogram("hirflow_freshness_seconds",
                       "Event time of the oldest event behind a token change -> change emitted",

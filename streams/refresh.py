@@ -257,10 +257,10 @@ class RefreshLoop:
         self.generations.apply(out, serving.memory)
         if build is not None:
             self.generations.apply(built, build.memory)
-        moved = [i for i, (_, change) in enumerate(out) if change is not None]
+        moved = [i for i, (_, rec, change) in enumerate(out) if change is not None and rec is not None]
         self.neighbors.queue(moved, sampled.edges, nodes,
                              self._ahead.nodes if self._ahead is not None else {})
-        self.outbox.send([c for _, c in out if c is not None])
+        self.outbox.send([c for _, _, c in out if c is not None])
         self.refreshed += len(ids)
         NODES_REFRESHED.labels("dirty").inc(len(claimed))
         NODES_REFRESHED.labels("neighbor").inc(len(ids) - len(claimed))

@@ -151,3 +151,26 @@ def test_members_and_cosines_measure_nodes_less_their_types_mean():
     assert abs(got[0][1] - 1.0) < 1e-6 and abs(ix.prototype_cosine("ad:near", 0, 0) - 1.0) < 1e-6
     assert abs(ix.prototype_cosine("user:u", 0, 0) - 2 ** -0.5) < 1e-6
     assert ix.prototype_cosine("ad:none", 0, 0) is None
+
+
+def test_removed_nodes_answer_nothing_and_leave_at_compaction():
+    """An expired node is in no result (search with and without codebooks, similar, members)
+    from its removal on; compaction drops its row; it can come back."""
+    x, quant = _world(n=2000)
+    for codebooks in (True, False):
+        ix = _index(x, quant, codebooks)
+        gone = [f"ad:{i}" for i in range(0, 2000, 3)]
+        for n in gone:
+            ix.remove(n)
+        assert len(ix) == 2000 - len(gone) and set(ix.live_ids()).isdisjoint(gone)
+        for q in range(0, 2000, 97):
+            hits = {n for n, _ in ix.search(x[q], quant.tokens(x[q:q + 1])[0].tolist(), 50, probes=64)}
+            assert hits and hits.isdisjoint(gone)
+        assert ix.get("ad:0") is None and ix.similar("ad:0") is None
+        assert set(n for n, _ in ix.members(0, 0, k=5000)).isdisjoint(gone)
+        ix.compact()
+        assert ix.n == len(ix) == 2000 - len(gone) and len(ix.ids) == ix.n
+        hits = {n for n, _ in ix.search(x[1], quant.tokens(x[1:2])[0].tolist(), 10, probes=64)}
+        assert "ad:1" in hits
+        ix.upsert("ad:0", x[0], quant.tokens(x[:1])[0], [0], 7)
+        assert ix.get("ad:0")["seq"] == 7

@@ -44,7 +44,7 @@ def assert_index_matches_state(loop) -> None:
     for k, _ in ix._scan("postings", gen.to_bytes(2, "big")):
         have.append((gen, int.from_bytes(k[2:6], "big"), k[-10:]))
     assert sorted(have) == want
-    assert set(loop.memory.ids) == set(recs)
+    assert set(loop.memory.live_ids()) == set(recs)
     for n, r in recs.items():
         row = loop.memory.row(n)
         assert loop.memory.tokens[row].tolist() == list(r.tokens)

@@ -256,3 +256,29 @@ def test_a_node_key_collision_is_dead_lettered_not_a_crash(cfg, tmp_path):
     (dead,) = drain(cfg, topics.dead_letter, 1)
     assert parse_headers(dead.headers())["hirflow.reason"] == "node_key_collision"
     store.close()
+
+
+def test_the_ingest_loop_runs_the_retention_sweep(cfg, tmp_path):
+    """With graph.expire_after_days set, the ingest thread sweeps the store once a second:
+    old, spent nodes leave it (the refresh then takes them out of the index)."""
+    import time
+
+    from hirflow.streams.metrics import NODES_EXPIRED
+    cfg = replace_section(cfg, "graph", expire_after_days=30.0)
+    evs = engagements(1000)                        # January 2026: long idle
+    produce(cfg, evs, progress=False)
+    store = GraphStore(tmp_path / "w", cfg.schema, cfg.kafka.partitions)
+    loop = IngestLoop(cfg, GraphWriter(store, cfg.graph), Topics(cfg.kafka.topic_prefix))
+    before = NODES_EXPIRED._value.get()
+    run_until(loop, lambda: loop.applied >= len(evs))
+    loop.commit()
+    dirty = loop.writer.dirty                       # as a refresh would: dirty nodes wait
+    dirty.clear_settled(dirty.claim(10 ** 6), set(), lambda nodes: store.commit(dirty_del=nodes))
+    deadline = time.monotonic() + 30
+    while NODES_EXPIRED._value.get() == before:
+        assert time.monotonic() < deadline, "nothing expired"
+        loop.poll_once(timeout=0.1)
+    loop.close()
+    users = {e.src for e in evs}
+    assert users - set(store.reader.node_ids())           # spent users left the store
+    store.close()

@@ -279,3 +279,50 @@ def test_sampling_in_the_refresh_thread_gives_the_same_pipeline(cfg, tiny_world)
     finally:
         loop.close()
         store.close()
+
+
+def test_spent_idle_nodes_expire_with_their_index_entries_and_come_back_with_the_next_seq(
+        cfg, tiny_world, tiny_checkpoints):
+    """Retention: nodes idle for `expire_after_days` whose edges have all decayed leave the
+    store and the index (records, postings, memberships, super-graph rows, the in-memory
+    index), subscribers get a change without tokens, a node with an entity keeps serving,
+    and a node that is engaged again returns with the next seq."""
+    import time
+
+    from hirflow.state.supergraph import _node_key
+    cfg = replace_section(cfg, "graph", expire_after_days=30.0)
+    cfg = replace_section(cfg, "refresh", checkpoint=str(tiny_checkpoints[0]))
+    events = tiny_world[:400]                     # January 2026: long idle, all decayed
+    store, writer, loop = loop_over(cfg, events)
+    try:
+        writer.upsert_entity(Entity("ad:a0", events[0].ts, "catalogue text"))
+        writer.commit_entities({})
+        settle(loop, 100, 5)
+        before = set(loop.memory.live_ids())
+        seqs = dict(zip(before, (p[0] for p in loop.index.published(sorted(before)))))
+        expired = []
+        for _ in range(50):                       # the sweep walks the store a slice at a time
+            expired += writer.expire_slice(int(time.time() * 1000))
+            if writer._expire_after is None and expired:
+                break
+        assert expired and not set(expired) & set(store.reader.node_ids())   # "owns" edges
+        # never decay, so owners stay; users' and items' clicks and views are spent
+        settle(loop, 100, 5)
+        gone = set(expired) - {"ad:a0"}                            # its entity keeps it served
+        assert not set(loop.memory.live_ids()) & gone
+        assert "ad:a0" in loop.memory.live_ids()
+        assert all(r is None for r in loop.index.records(loop.gen, sorted(gone)))
+        keys = {store.keys.key(n) for n in gone}
+        assert not [k for k, _ in loop.index._scan("postings", b"") if k[-10:] in keys]
+        assert not [n for n in gone if loop.supergraph.cf.get(_node_key(loop.gen, store.keys.key(n)))]
+        for n, pub in zip(sorted(gone), loop.index.published(sorted(gone))):
+            assert pub[0] == seqs[n] + 1 and pub[2] == []          # told: no tokens
+        back = next(iter(sorted(gone & {e.src for e in events})))
+        writer.apply_batch([(Engagement(back, "ad:new", "click", int(time.time() * 1000)), 3)])
+        writer.commit()
+        settle(loop, 100, 5)
+        assert loop.index.published([back])[0][0] == seqs[back] + 2 and back in loop.memory.live_ids()
+        assert_index_matches_state(loop)
+    finally:
+        loop.close()
+        store.close()
