@@ -69,6 +69,8 @@ class GraphConfig:
                                        # teacher views hold up to 128 nodes
     trim_slack: int = 32               # a full node is trimmed to top_k - trim_slack edges
     cache_nodes: int = 200_000         # hot node records kept in memory (write-back cache)
+    cache_edges: int = 8_000_000       # and at most this many edges in them: the cache's
+                                       # memory bound (about 250 bytes an edge in CPython)
     sync_writes: bool = False          # fsync each commit: survives power loss, not just kill -9
     expire_after_days: float = 0.0     # a node idle this long whose edges all weigh less than
                                        # `expire_below` is expired with its index entries
@@ -82,7 +84,7 @@ class GraphConfig:
                              "expire_sweep_nodes >= 1")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if not 0 <= self.trim_slack < self.top_k or self.cache_nodes < 1:
+        if not 0 <= self.trim_slack < self.top_k or self.cache_nodes < 1 or self.cache_edges < 1:
             raise ValueError(f"trim_slack must be in [0, top_k) and cache_nodes >= 1, got "
                              f"trim_slack={self.trim_slack}, cache_nodes={self.cache_nodes}")
 

@@ -43,6 +43,8 @@ class GraphWriter:
         self._changed: set[str] = set()      # nodes changed since the last commit
         self._key_owner: dict[bytes, str] = {}   # store key -> the cached node that has it
         self._expire_after: bytes | None = None   # the retention sweep's cursor
+        self._edge_count: dict[str, int] = {}     # cached node -> its edges when last counted
+        self._edges_cached = 0                    # their sum: the cache's size in edges
         self.dirty = DirtyQueue(store.reader.dirty())
         self.offsets: dict[tuple[str, int], int] = store.reader.offsets()
         self._offsets_new: dict[tuple[str, int], int] = {}
@@ -76,7 +78,9 @@ class GraphWriter:
                 if owner.setdefault(k, n) != n:      # two new ids of one key in this call
                     collided.add(n)
                     continue
-                cache[n] = loaded.get(n) or NodeState(n)
+                s = cache[n] = loaded.get(n) or NodeState(n)
+                self._edge_count[n] = len(s.edges)
+                self._edges_cached += len(s.edges)
         if collided:
             log.error("node key collision: %d node ids refused (e.g. %r)", len(collided),
                       next(iter(collided)))
@@ -217,8 +221,7 @@ class GraphWriter:
             self.dirty.mark_durably(markers, lambda: self.store.commit(
                 delete_nodes=spent, dirty_put=markers))
             for n in spent:
-                self._cache.pop(n, None)
-                self._key_owner.pop(self.store.keys.key(n), None)
+                self._drop(n)
         return spent
 
     # -- commit ---------------------------------------------------------------------------
@@ -227,6 +230,9 @@ class GraphWriter:
         reverse marks in one batch; returns records written. Entities: `commit_entities`."""
         with self.lock:
             changed = [self._cache[n] for n in self._changed]
+            for s in changed:                    # recount what this commit cycle changed
+                self._edges_cached += len(s.edges) - self._edge_count.get(s.id, 0)
+                self._edge_count[s.id] = len(s.edges)
             self.dirty.commit_with(lambda markers: self.store.commit(
                 nodes=changed, dirty_put=markers, offsets=self._offsets_new,
                 reverse_marks=self._marks_new))
@@ -237,14 +243,20 @@ class GraphWriter:
             return len(changed)
 
     def _evict(self) -> None:
-        """Drop the least recently used clean records beyond the cache bound."""
-        over = len(self._cache) - self.config.cache_nodes
-        if over > 0:
-            for _ in range(over + self.config.cache_nodes // 10):
-                if not self._cache:
-                    break
-                n, _ = self._cache.popitem(last=False)
-                self._key_owner.pop(self.store.keys.key(n), None)
+        """Drop the least recently used clean records beyond the cache's bounds (records and
+        edges), with a tenth of the bound's headroom so eviction runs seldom."""
+        cfg = self.config
+        if len(self._cache) <= cfg.cache_nodes and self._edges_cached <= cfg.cache_edges:
+            return
+        nodes_to, edges_to = cfg.cache_nodes * 9 // 10, cfg.cache_edges * 9 // 10
+        while self._cache and (len(self._cache) > nodes_to or self._edges_cached > edges_to):
+            self._drop(next(iter(self._cache)))
+
+    def _drop(self, n: str) -> None:
+        """Forget one cached record (clean, or dropped on purpose)."""
+        self._cache.pop(n, None)
+        self._key_owner.pop(self.store.keys.key(n), None)
+        self._edges_cached -= self._edge_count.pop(n, 0)
 
     @property
     def cached_nodes(self) -> int:
@@ -261,8 +273,7 @@ class GraphWriter:
         """Forget everything since the last commit (used when a commit failed)."""
         with self.lock:
             for n in self._changed:
-                self._cache.pop(n, None)
-                self._key_owner.pop(self.store.keys.key(n), None)
+                self._drop(n)
             self._changed.clear()
             self._offsets_new = {}
             self._marks_new = {}

@@ -147,3 +147,25 @@ def test_a_store_refuses_a_worker_of_another_topology(tmp_path):
         for count, index in ((3, 0), (2, 1), (1, 0)):
             with pytest.raises(IncompatibleStoreError, match="belongs to worker 0 of 2"):
                 store.claim_worker(count, index)
+
+
+def test_the_write_back_cache_holds_its_edge_bound_and_counts_exactly(tmp_path):
+    """After each commit the cache holds at most `cache_edges` edges (and `cache_nodes`
+    records), and its running count is the true number of edges in it; evicted records
+    are on disk, so the state is the same as with an unbounded cache."""
+    import random
+
+    from tests.state.helpers import digest
+    rnd = random.Random(4)
+    evs = [Engagement(f"user:{rnd.randrange(300)}", f"ad:{rnd.randrange(80)}", "click",
+                      1_767_225_600_000 + i) for i in range(6000)]
+    small = GraphConfig(path=str(tmp_path / "a"), cache_nodes=1000, cache_edges=400, top_k=4096)
+    with GraphStore(small.path, SchemaConfig(), 4) as a, \
+            GraphStore(tmp_path / "b", SchemaConfig(), 4) as b:
+        wa, wb = GraphWriter(a, small), GraphWriter(b, GraphConfig(path=str(tmp_path / "b"), top_k=4096))
+        for i in range(0, len(evs), 250):
+            for w in (wa, wb):
+                w.apply_batch([(e, 3) for e in evs[i:i + 250]])
+                w.commit()
+            assert wa._edges_cached == sum(len(s.edges) for s in wa._cache.values()) <= 400
+        assert digest(a) == digest(b)
