@@ -20,6 +20,18 @@ from confluent_kafka.admin import AdminClient
 log = logging.getLogger(__name__)
 
 
+
+def terminate(proc: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM now, SIGKILL after `timeout` seconds -> the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
 class BrokerError(RuntimeError):
     pass
 
@@ -92,12 +104,7 @@ class EmbeddedBroker:
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc, timeout)
         log.info("embedded broker at %s stopped", self.bootstrap)
 
     def __enter__(self) -> "EmbeddedBroker":

@@ -11,7 +11,7 @@ import re
 import time
 import urllib.request
 
-from hirflow.streams.broker import free_port
+from hirflow.streams.broker import free_port, terminate
 from hirflow.streams.config import HirflowConfig
 
 
@@ -119,11 +119,4 @@ class WorkerProcess:
 
     def terminate(self, timeout: float = 30.0) -> int:
         """SIGTERM now, SIGKILL after `timeout` seconds -> the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, timeout)
