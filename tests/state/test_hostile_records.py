@@ -34,7 +34,7 @@ def _msgpack(d) -> bytes | None:
         return None
 
 
-def _only_event_errors(raw: bytes) -> None:
+def _only_event_errors(raw: bytes | None) -> None:
     for decode in (V.decode_engagement, V.decode_entity):
         try:
             decode(raw)
@@ -68,6 +68,8 @@ def test_the_records_that_once_stopped_ingest():
                        + b"9" * 5000 + b"}")
     _only_event_errors(b'{"node": "ad:1", "ts": 1767225600000, "text": "\\ud800"}')
     _only_event_errors(msgpack.packb({"node": "ad:1", "ts": NOW, "text": "x", "attrs": {1: 2}}))
+    _only_event_errors(None)                                       # a tombstone
+    _only_event_errors(_json({"src": "user:\x07bell", "dst": "ad:1", "action": "click", "ts": NOW}))
 
 
 @given(records)
