@@ -19,11 +19,11 @@ import time
 from collections import OrderedDict
 from typing import Iterable
 
-from hirflow.state.decay import value_at
 from hirflow.state.dirty_queue import DirtyQueue
 from hirflow.state.events import Engagement, Entity
 from hirflow.state.graph import GraphConfig, GraphStore
 from hirflow.state.node import IN, OUT, NodeState
+from hirflow.state.retention import RetentionSweep
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class GraphWriter:
         self._cache: OrderedDict[str, NodeState] = OrderedDict()
         self._changed: set[str] = set()      # nodes changed since the last commit
         self._key_owner: dict[bytes, str] = {}   # store key -> the cached node that has it
-        self._expire_after: bytes | None = None   # the retention sweep's cursor
+        self.retention = RetentionSweep(store, config)
         self._edge_count: dict[str, int] = {}     # cached node -> its edges when last counted
         self._edges_cached = 0                    # their sum: the cache's size in edges
         self.dirty = DirtyQueue(store.reader.dirty())
@@ -197,24 +197,14 @@ class GraphWriter:
 
     # -- retention --------------------------------------------------------------------------
     def expire_slice(self, now_ms: int) -> list[str]:
-        """Examine the next `expire_sweep_nodes` node records (a cursor over the store, from
-        the start again after the end) and expire the spent ones: idle for
-        `expire_after_days` with every edge decayed below `expire_below`, not dirty and not
-        changed since the last commit. Their records are deleted and a dirty marker written
-        in the same batch, so the refresh removes them from the index (`RefreshLoop`); their
-        entities and text vectors stay. -> the expired ids."""
-        cfg = self.config
-        if not cfg.expire_after_days:
+        """Expire the spent nodes of the next slice of the store (`state.retention`) that are
+        neither dirty nor changed since the last commit: their records are deleted and a
+        dirty marker written in the same batch, so the refresh removes them from the index
+        (`RefreshLoop`); their entities and text vectors stay. -> the expired ids."""
+        if not self.config.expire_after_days:
             return []
-        ids, self._expire_after = self.store.reader.node_ids_after(
-            self._expire_after, cfg.expire_sweep_nodes)
-        idle_before = now_ms - cfg.expire_after_days * 86_400_000
         with self.lock:
-            ids = [n for n in ids if n not in self._changed and n not in self.dirty]
-            states = self.store.load_nodes(ids, collided=set())
-            spent = [n for n, s in states.items() if s.last is not None and s.last < idle_before
-                     and all(abs(value_at(w, t, now_ms, self.rates[key[1]])) < cfg.expire_below
-                             for key, (w, t, _, _) in s.edges.items())]
+            spent = self.retention.spent(now_ms, lambda n: n in self._changed or n in self.dirty)
             if not spent:
                 return []
             markers = {n: now_ms for n in spent}

@@ -303,7 +303,7 @@ def test_spent_idle_nodes_expire_with_their_index_entries_and_come_back_with_the
         expired = []
         for _ in range(50):                       # the sweep walks the store a slice at a time
             expired += writer.expire_slice(int(time.time() * 1000))
-            if writer._expire_after is None and expired:
+            if writer.retention.after is None and expired:
                 break
         assert expired and not set(expired) & set(store.reader.node_ids())   # "owns" edges
         # never decay, so owners stay; users' and items' clicks and views are spent

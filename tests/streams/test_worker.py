@@ -245,9 +245,10 @@ def test_kill_9_during_entity_batches_keeps_the_newest_entity_of_every_node(cfg,
         p.produce(topics.entities, encode_entity(e), node.encode())
     assert p.flush(30) == 0
     env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__ENABLED": "false"}
-    for target in (300, 800):            # records consumed (an older version is a no-op)
+    for _ in range(2):                   # killed soon after it starts reading entities
         w = workers(env)
-        w.wait_metric("hirflow_events_consumed_total", target, timeout=90)
+        w.wait_metric("hirflow_events_consumed_total", 1, timeout=90)
+        time.sleep(rnd.random() * 0.5)
         w.kill9()
     w = workers(env)
     deadline, last, still = time.monotonic() + 120, -1.0, 0
