@@ -6,8 +6,8 @@ misses for a whole consumed batch with one multi-get, applies events to memory, 
 writes every changed record, the dirty markers and the consumed offsets in one WriteBatch.
 A crash before `commit` loses only memory: the consumer resumes after the stored offsets.
 
-The ingest thread and the entity agent both write through one writer and hold `lock` while
-they do; the refresh thread never touches the writer's records, only its `DirtyQueue`
+The ingest thread and the entity agent (through `entities`, `state.entity_writer`) both
+write through one writer and hold `lock` while they do; the refresh thread never touches the writer's records, only its `DirtyQueue`
 (`dirty`), which has its own lock.
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ from collections import OrderedDict
 from typing import Iterable
 
 from hirflow.state.dirty_queue import DirtyQueue
-from hirflow.state.events import Engagement, Entity
+from hirflow.state.entity_writer import EntityWriter
+from hirflow.state.events import Engagement
 from hirflow.state.graph import GraphConfig, GraphStore
 from hirflow.state.node import IN, OUT, NodeState
 from hirflow.state.retention import RetentionSweep
@@ -50,9 +51,8 @@ class GraphWriter:
         self._offsets_new: dict[tuple[str, int], int] = {}
         self.reverse_marks: dict[tuple[int, int], int] = store.reader.reverse_marks()
         self._marks_new: dict[tuple[int, int], int] = {}
-        self._entities_new: dict[str, Entity] = {}
-        self._knowledge_new: dict = {}
         self.lock = threading.RLock()   # held by the ingest thread and the entity agent
+        self.entities = EntityWriter(store, self.dirty, self.lock, self.offsets)
         self.evicted_edges = 0
 
     # -- engagements ----------------------------------------------------------------------
@@ -148,35 +148,6 @@ class GraphWriter:
         if ahead:
             self.dirty.defer(ahead)
 
-    # -- entities -------------------------------------------------------------------------
-    def upsert_entity(self, ent: Entity) -> bool:
-        """Keep the newest entity record per node (idempotent, so replays are harmless)."""
-        with self.lock:
-            cur = self._entities_new.get(ent.node) or self.store.reader.entity(ent.node)
-            if cur is not None and cur.ts > ent.ts:
-                return False
-            self._entities_new[ent.node] = ent
-            self.dirty.touch_entity(ent.node, ent.ts)
-            return True
-
-    def set_knowledge(self, node_id: str, vector) -> None:
-        """Store a world-knowledge vector (written with the next `commit_entities`)."""
-        with self.lock:
-            self._knowledge_new[node_id] = vector
-
-    def commit_entities(self, offsets: dict[tuple[str, int], int]) -> int:
-        """Write pending entities, their vectors and dirty markers with the entity topic's
-        offsets in one batch. It never writes the ingest path's pending node records: those
-        become durable only together with the engagement offsets that produced them."""
-        with self.lock:
-            self.dirty.commit_entities_with(lambda markers: self.store.commit(
-                entities=self._entities_new.values(), knowledge=self._knowledge_new,
-                dirty_put=markers, offsets=offsets))
-            self.offsets.update(offsets)
-            n = len(self._entities_new)
-            self._entities_new, self._knowledge_new = {}, {}
-            return n
-
     # -- offsets --------------------------------------------------------------------------
     def applied(self, topic: str, partition: int, offset: int) -> None:
         """Record that everything up to `offset` of this partition is in memory state."""
@@ -217,7 +188,7 @@ class GraphWriter:
     # -- commit ---------------------------------------------------------------------------
     def commit(self) -> int:
         """Flush changed node records + their dirty markers + the engagement offsets and
-        reverse marks in one batch; returns records written. Entities: `commit_entities`."""
+        reverse marks in one batch; returns records written. Entities: `entities.commit`."""
         with self.lock:
             changed = [self._cache[n] for n in self._changed]
             for s in changed:                    # recount what this commit cycle changed
@@ -252,13 +223,6 @@ class GraphWriter:
     def cached_nodes(self) -> int:
         return len(self._cache)
 
-    def discard_uncommitted_entities(self) -> None:
-        """Forget the entities, vectors and entity markers since the last entity commit (a
-        commit failed); the engagement side keeps its pending state."""
-        with self.lock:
-            self._entities_new, self._knowledge_new = {}, {}
-            self.dirty.drop_entities()
-
     def discard_uncommitted(self) -> None:
         """Forget everything since the last commit (used when a commit failed)."""
         with self.lock:
@@ -267,8 +231,8 @@ class GraphWriter:
             self._changed.clear()
             self._offsets_new = {}
             self._marks_new = {}
-            self._entities_new = {}
-            self._knowledge_new = {}
+            self.entities.discard()
             self.dirty.reset(self.store.reader.dirty())
-            self.offsets = self.store.reader.offsets()
+            self.offsets.clear()                 # in place: the entity writer shares it
+            self.offsets.update(self.store.reader.offsets())
             self.reverse_marks = self.store.reader.reverse_marks()

@@ -151,7 +151,7 @@ class WorkerRuntime:
                     ent = self.validator.decode_entity(value)
                     if self.store.keys.partition(ent.node) not in self.owned:
                         outcomes.append("foreign")    # another worker owns this node's range
-                    elif self.writer.upsert_entity(ent):
+                    elif self.writer.entities.upsert(ent):
                         fresh.append(ent)
                         outcomes.append("applied")
                         EVENTS_APPLIED.labels(topic).inc()
@@ -168,11 +168,11 @@ class WorkerRuntime:
                 self._encode_texts([e for e in fresh if e.text])
                 if self._entity_producer is not None and self._entity_producer.flush(30):
                     raise RuntimeError("dead letters for entities were not acknowledged")
-                self.writer.commit_entities(offsets)
+                self.writer.entities.commit(offsets)
             except Exception as exc:
                 # nothing of this batch is durable, its offsets included: the worker reports
                 # unhealthy and restarts, and reads the batch again
-                self.writer.discard_uncommitted_entities()
+                self.writer.entities.discard()
                 self.entity_error = exc
                 log.exception("entity batch failed; the worker restarts to read it again")
                 raise
@@ -189,7 +189,7 @@ class WorkerRuntime:
             log.exception("text encoding failed for %d entities; stored without vectors", len(ents))
             return
         for ent, vec in zip(ents, vectors):
-            self.writer.set_knowledge(ent.node, vec)
+            self.writer.entities.set_knowledge(ent.node, vec)
 
     def _dead_letters(self) -> DeadLetters:
         if self._entity_dead is None:

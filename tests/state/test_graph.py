@@ -67,10 +67,10 @@ def test_offsets_commit_atomically_with_state(tmp_path):
 def test_entities_newest_wins(tmp_path):
     with GraphStore(tmp_path, S, 4) as store:
         w = GraphWriter(store, GraphConfig(path=str(tmp_path)))
-        assert w.upsert_entity(Entity("ad:1", T0 + 10, "new text"))
-        w.commit_entities({("ent", 0): 1})
-        assert not w.upsert_entity(Entity("ad:1", T0, "old text"))
-        w.commit_entities({("ent", 0): 2})
+        assert w.entities.upsert(Entity("ad:1", T0 + 10, "new text"))
+        w.entities.commit({("ent", 0): 1})
+        assert not w.entities.upsert(Entity("ad:1", T0, "old text"))
+        w.entities.commit({("ent", 0): 2})
         assert store.reader.entity("ad:1").text == "new text"
         assert store.reader.offsets() == {("ent", 0): 2}
 
@@ -81,8 +81,8 @@ def test_entity_commits_never_flush_pending_engagement_state(tmp_path):
     with GraphStore(tmp_path, S, 4) as store:
         w = GraphWriter(store, GraphConfig(path=str(tmp_path)))
         w.apply(Engagement("user:1", "ad:1", "click", T0))       # pending, offset not noted
-        w.upsert_entity(Entity("ad:1", T0, "text"))
-        w.commit_entities({("ent", 0): 0})
+        w.entities.upsert(Entity("ad:1", T0, "text"))
+        w.entities.commit({("ent", 0): 0})
         assert store.reader.state("user:1") is None
         assert store.reader.offsets() == {("ent", 0): 0}
         w.applied("eng", 0, 5)

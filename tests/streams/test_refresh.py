@@ -24,9 +24,9 @@ def _collect(sub, want, tries=40):
 def test_cold_start_serves_world_knowledge_and_type_and_publishes(cfg, tiny_world):
     store, writer, loop = loop_over(cfg, tiny_world[:300])
     try:
-        writer.upsert_entity(Entity("ad:a0", 1, "trail running shoes", None, None))
-        writer.set_knowledge("ad:a0", np.ones(384, np.float32))
-        writer.commit_entities({})
+        writer.entities.upsert(Entity("ad:a0", 1, "trail running shoes", None, None))
+        writer.entities.set_knowledge("ad:a0", np.ones(384, np.float32))
+        writer.entities.commit({})
         settle(loop)
         rec = loop.index.records(loop.gen, ["ad:a0"])[0]
         assert rec.model == "cold-start" and all(a == NO_PRIMITIVE for a in rec.assign)
@@ -295,8 +295,8 @@ def test_spent_idle_nodes_expire_with_their_index_entries_and_come_back_with_the
     events = tiny_world[:400]                     # January 2026: long idle, all decayed
     store, writer, loop = loop_over(cfg, events)
     try:
-        writer.upsert_entity(Entity("ad:a0", events[0].ts, "catalogue text"))
-        writer.commit_entities({})
+        writer.entities.upsert(Entity("ad:a0", events[0].ts, "catalogue text"))
+        writer.entities.commit({})
         settle(loop, 100, 5)
         before = set(loop.memory.live_ids())
         seqs = dict(zip(before, (p[0] for p in loop.index.published(sorted(before)))))
