@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Container, Iterator, Mapping
+from typing import Callable, Container, Mapping
 
 
 class DirtyQueue:
@@ -45,9 +45,11 @@ class DirtyQueue:
     def __getitem__(self, node: str) -> int:
         return self._marks[node]
 
-    def __iter__(self) -> Iterator[str]:
-        with self._lock:
-            return iter(list(self._marks))
+    def _mark(self, node: str, ts: int) -> None:
+        """Dirty as of `ts`, unless it already is as of an older event (lock held)."""
+        old = self._marks.get(node)
+        if old is None or ts < old:
+            self._marks[node] = ts
 
     # -- writers ----------------------------------------------------------------------------
     def touch_many(self, touched: Mapping[str, int]) -> None:
@@ -86,9 +88,7 @@ class DirtyQueue:
     def touch_entity(self, node: str, ts: int) -> None:
         """The entity agent applied an entity of time `ts` to `node` (not yet committed)."""
         with self._lock:
-            old = self._marks.get(node)
-            if old is None or ts < old:
-                self._marks[node] = ts
+            self._mark(node, ts)
             # always written with the entity: a marker pending on the ingest side may never
             # become durable if the worker dies first
             self._entities[node] = self._marks[node]
@@ -110,9 +110,7 @@ class DirtyQueue:
         with self._lock:
             write()
             for n, ts in markers.items():
-                old = self._marks.get(n)
-                if old is None or ts < old:
-                    self._marks[n] = ts
+                self._mark(n, ts)
 
     def reset(self, durable: Mapping[str, int]) -> None:
         """Back to the durable markers: what was not committed is forgotten."""
@@ -138,9 +136,7 @@ class DirtyQueue:
             if self._future:
                 for n, ts in [(n, ts) for n, ts in self._future.items() if ts <= now]:
                     del self._future[n]
-                    old = self._marks.get(n)
-                    if old is None or ts < old:
-                        self._marks[n] = ts
+                    self._mark(n, ts)
             out: dict[str, int] = {}
             again: dict[str, int] = {}
             for n, ts in self._marks.items():
@@ -163,9 +159,7 @@ class DirtyQueue:
         """Give claimed nodes back (a refresh failed before it committed)."""
         with self._lock:
             for n, ts in claimed.items():
-                old = self._marks.get(n)
-                if old is None or ts < old:
-                    self._marks[n] = ts
+                self._mark(n, ts)
 
     def clear_settled(self, claimed: Mapping[str, int], keep: Container[str],
                       commit: Callable[[list[str]], None]) -> None:

@@ -90,9 +90,11 @@ class GraphWriter:
         """Apply one engagement to the sides this worker owns; marks them dirty."""
         self.apply_batch([(ev, sides)])
 
-    def apply_batch(self, items: list[tuple[Engagement, int]]) -> None:
+    def apply_batch(self, items: list[tuple[Engagement, int]]) -> set[str]:
         """Apply many engagements: events of the same edge are first summed with the decay
-        algebra (associative), so a hub touched 500 times in a batch is updated once per edge."""
+        algebra (associative), so a hub touched 500 times in a batch is updated once per edge.
+        -> the node ids refused for a key collision (`prefetch`): engagements touching them
+        are not applied; ingest dead-letters them."""
         rates, signs = self.rates, self.signs
         exp = math.exp
         agg: dict[tuple, list] = {}
@@ -115,7 +117,7 @@ class GraphWriter:
                     a[3] = t
             a[2] += 1
         collided = self.prefetch([n for (src, dst, _, _) in agg for n in (src, dst)])
-        if collided:                             # ingest dead-letters these before they get here
+        if collided:
             agg = {k: v for k, v in agg.items() if k[0] not in collided and k[1] not in collided}
         cache, limit = self._cache, self.config.top_k
         keep = self.config.top_k - self.config.trim_slack
@@ -147,6 +149,7 @@ class GraphWriter:
         self.dirty.touch_many(touched)
         if ahead:
             self.dirty.defer(ahead)
+        return collided
 
     # -- offsets --------------------------------------------------------------------------
     def applied(self, topic: str, partition: int, offset: int) -> None:

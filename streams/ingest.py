@@ -185,11 +185,9 @@ class IngestLoop:
                 if item is not None:
                     good.append(item)
                     good_msgs.append(m)
-        if good:
-            collided = writer.prefetch([n for ev, _ in good for n in (ev.src, ev.dst)])
-            if collided:
-                good = self._refuse_collisions(good, good_msgs, collided)
-        writer.apply_batch(good)
+        collided = writer.apply_batch(good)
+        if collided:                                # dead letters, sent before the commit
+            good = self._refuse_collisions(good, good_msgs, collided)
         for topic, (n_in, _, n_skip) in counts.items():
             if n_in:
                 EVENTS_CONSUMED.labels(topic).inc(n_in)
