@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from hirflow.streams.config import HirflowConfig
 
@@ -59,9 +59,30 @@ def assert_ingest_equals_direct(cfg: HirflowConfig, topics, expected, tmp_path) 
 
 
 def end_total(cfg: HirflowConfig, topic: str) -> int:
-    """The topic's high watermarks, summed over its partitions: records ever written."""
-    c = Consumer({"bootstrap.servers": cfg.kafka.bootstrap, "group.id": "test-watermarks"})
-    total = sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(cfg.kafka.partitions))
+    """Records ever written to the topic, summed over its partitions: each partition's end
+    offset, found by reading to its end. The embedded broker (tansu) reports a high
+    watermark of the last record batch's *first* offset + 1, so a watermark alone can be a
+    whole producer batch short of the end (Kafka reports the end itself); reading from
+    `high - 1` to the partition's end gives the true end on both."""
+    c = Consumer({"bootstrap.servers": cfg.kafka.bootstrap, "group.id": "test-watermarks",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "fetch.wait.max.ms": 10})
+    ends, todo = {}, []
+    for p in range(cfg.kafka.partitions):
+        _, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        ends[p] = high
+        if high > 0:
+            todo.append(TopicPartition(topic, p, high - 1))
+    if todo:
+        c.assign(todo)
+        open_parts = {tp.partition for tp in todo}
+        deadline = time.monotonic() + 30
+        while open_parts:
+            assert time.monotonic() < deadline, f"could not read {topic} to its end"
+            for m in c.consume(10_000, timeout=0.5):
+                if m.error() is None:
+                    ends[m.partition()] = max(ends[m.partition()], m.offset() + 1)
+                elif m.error().code() == KafkaError._PARTITION_EOF:
+                    open_parts.discard(m.partition())
     c.close()
-    return total
+    return sum(ends.values())

@@ -271,15 +271,12 @@ def test_kill_9_during_entity_batches_keeps_the_newest_entity_of_every_node(cfg,
     assert len(origins) == hostile
 
 
-@pytest.mark.slow
 def test_kill_9_of_one_of_two_workers_loses_no_forwarded_side(cfg, tmp_path, workers):
     """Two workers, each owning half the partitions and forwarding the other half's sides on
     the reverse topic; one is killed twice mid-stream. The merged state equals a direct
-    apply of the stream: no side lost, none applied twice.
-
-    On demand (`-m slow`): it passes alone, but failed once in nine runs of the whole suite
-    on a loaded 2-core machine (merged state missing nodes) with the cause not yet found, so
-    it must not gate the default run until that is understood."""
+    apply of the stream: no side lost, none applied twice. The stream is done when both
+    groups' committed offsets reach the topics' true ends (`end_total` reads to the end:
+    the embedded broker's high watermark can be a batch short)."""
     world = SynthWorld(SynthConfig(events=12_000, users=200, advertisers=6, seed=13))
     evs = [e for e in world.stream() if isinstance(e, Engagement)]
     produce(cfg, evs, progress=False)
