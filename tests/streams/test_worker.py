@@ -130,7 +130,8 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path, workers):
         for name in ("hirflow_events_consumed_total", "hirflow_ingest_batch_seconds_count",
                      "hirflow_state_bytes", "hirflow_dirty_nodes", "hirflow_consumer_lag"):
             assert name in m, name
-        _wait_refreshed(w)
+        w.wait_metric("hirflow_index_nodes", 2)   # the gauges can read 0 before the commit
+        _wait_refreshed(w)                        # marks the nodes dirty
         expect = {"/v1/nodes/user:1": 200, "/v1/nodes/ad:7": 200, "/v1/nodes/nonsense": 400,
                   "/v1/nodes/user:404": 404, "/v1/retrieve?user=user:1": 200,
                   "/v1/retrieve?user=user:1&k=abc": 400, "/v1/retrieve?user=user:1&k=0": 400,
