@@ -3,8 +3,9 @@
 (one checkpoint throughout; see `trainer.freshness_value` for the exact protocol).
 
 Per data set (UCI Online Retail when its file is given, and the synthetic world): train on the
-first 80 % of events in time (or load --checkpoint DIR for one data set), replay the test
-window (the last 10 %) hour by hour, print a table and write `freshness_value.png`.
+first 90 % of events in time, everything before the test window (or load the data set's
+checkpoint: `--checkpoint NAME=DIR`, e.g. those `bench/quality.py --out` keeps), replay the
+test window (the last 10 %) hour by hour, print a table and write `freshness_value.png`.
 
     python bench/freshness_value.py [--quick] [--online-retail FILE] [--out DIR]
 
@@ -38,17 +39,19 @@ warnings.filterwarnings("ignore")
 def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
     w = chronological_windows([e.ts for e in evs], train=0.8, val=0.1)
     texts = world_knowledge(ents, w.end, encode) if encode is not None and ents else None
-    if a.checkpoint:
-        ck = a.checkpoint
+    if name in a.checkpoints:
+        ck = a.checkpoints[name]
     else:
         enc = EncoderConfig.for_schema(schema, levels=(4, 16, 64) if a.quick else (16, 128, 1024))
         cfg = TrainConfig(seed=0, snapshot_chunks=0, max_steps_per_chunk=2 if a.quick else None)
-        ck = train([e for e in evs if e.ts < w.train_end], schema, enc, cfg, out / f"{name}-ck",
+        ck = train([e for e in evs if e.ts < w.val_end], schema, enc, cfg, out / f"{name}-ck",
                    texts=texts, progress=not a.quick)
-    model, _ = load_model(ck)
+    model, manifest = load_model(ck)
+    fitted = manifest.manifest.get("data_window")
+    cutoff = fitted[1] + 1 if fitted else w.train_end       # "never": as the checkpoint was fitted
     acts = deep_funnel_actions(schema) if name == "online_retail" else positive_actions(schema)
     t = time.perf_counter()
-    res = freshness_value(model, evs, schema, w.train_end, w.val_end, w.end + 1, acts, item_types(schema),
+    res = freshness_value(model, evs, schema, cutoff, w.val_end, w.end + 1, acts, item_types(schema),
                           texts=texts,
                           progress=lambda i, n: print(f"  {name}: day {i}/{n}", end="\r", flush=True))
     res["seconds"] = round(time.perf_counter() - t, 1)
@@ -85,13 +88,21 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small synthetic world only (about a minute)")
     ap.add_argument("--online-retail", type=Path, default=os.environ.get("HIRFLOW_ONLINE_RETAIL"))
     ap.add_argument("--only", choices=["online_retail", "synthetic"])
-    ap.add_argument("--checkpoint", type=Path, help="use this checkpoint (with --only) instead of training")
+    ap.add_argument("--checkpoint", action="append", default=[], metavar="[NAME=]DIR",
+                    help="use this checkpoint of data set NAME (online_retail, synthetic) instead of "
+                         "training; repeatable; a bare DIR needs --only")
     ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
                     help="MiniLM texts as world knowledge (default: on, off with --quick)")
     ap.add_argument("--out", type=Path, default=Path("var/freshness_value"))
     a = ap.parse_args()
-    if a.checkpoint and not a.only:
-        ap.error("--checkpoint needs --only (a checkpoint belongs to one data set)")
+    a.checkpoints = {}
+    for spec in a.checkpoint:
+        name, sep, path = spec.rpartition("=")
+        if not sep and not a.only:
+            ap.error("a --checkpoint without NAME= needs --only (a checkpoint belongs to one data set)")
+        if (name or a.only) not in ("online_retail", "synthetic"):
+            ap.error(f"--checkpoint {spec}: the data set is online_retail or synthetic")
+        a.checkpoints[name or a.only] = Path(path)
     encode = None
     if a.knowledge if a.knowledge is not None else not a.quick:
         from hirflow.encoder.knowledge import TextEncoder

@@ -74,13 +74,14 @@ def synthetic(quick: bool):
 
 def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
     w = chronological_windows([e.ts for e in evs], train=0.8, val=0.1)
-    train_evs = [e for e in evs if e.ts < w.train_end]
+    fit_end = w.val_end if a.fit_validation else w.train_end
+    train_evs = [e for e in evs if e.ts < fit_end]
     texts = later = None
     if encode is not None and ents:
         texts = world_knowledge(ents, w.val_end - 1, encode)
         later = world_knowledge(ents, w.end, encode)
     levels = (4, 16, 64) if a.quick else (16, 128, 1024)
-    enc = EncoderConfig.for_schema(schema, levels=levels)
+    enc = EncoderConfig.for_schema(schema, levels=levels, score_bias=a.score_bias)
     cfg = TrainConfig(seed=0, passes=a.passes, snapshot_chunks=0,
                       max_steps_per_chunk=2 if a.quick else None)
     stats: dict = {}
@@ -93,7 +94,8 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
                  baselines=B.QUICK if a.quick else B.STANDARD)
     eval_s = time.perf_counter() - t
     res = m["deep_funnel"] if name == "online_retail" else m["next_engagement"]
-    print(f"{name}: {len(train_evs):,} training events, {stats['steps']} steps in {train_s:.0f} s; "
+    print(f"{name}: {len(train_evs):,} training events, {stats['steps']} steps ({stats['passes']} "
+          f"passes) in {train_s:.0f} s; "
           f"{res['users']} test users, {res['new_positives']} new / {res['repeat_positives']} repeat positives")
     for meth, r in sorted(res["methods"].items(), key=lambda kv: -kv[1]["recall@20"]["mean"]):
         rc, nd = r["recall@20"], r["ndcg@20"]
@@ -124,7 +126,8 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
                                         "ratio_to_popularity": round(cold["hirflow_recall@20"] / pop, 3) if pop else None}
     if "hierarchy" in m:
         out_["nmi"] = {k: v["nmi"] for k, v in m["hierarchy"].items()}
-    out_["train_time"] = {"value": round(train_s, 1), "unit": "s", "steps": stats["steps"]}
+    out_["train_time"] = {"value": round(train_s, 1), "unit": "s", "steps": stats["steps"],
+                          "passes": stats["passes"], "events": len(train_evs)}
     out_["eval_time"] = {"value": round(eval_s, 1), "unit": "s"}
     out_["peak_rss"] = {"value": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "unit": "MB"}
     return out_
@@ -137,6 +140,12 @@ def main() -> None:
                     help="the Online Retail CSV (.gz); default $HIRFLOW_ONLINE_RETAIL")
     ap.add_argument("--only", choices=["online_retail", "synthetic"])
     ap.add_argument("--passes", type=int, default=1, help="shuffled passes over each day's events")
+    ap.add_argument("--fit-validation", action=argparse.BooleanOptionalAction, default=True,
+                    help="fit the model on the training and validation windows, everything before "
+                         "the test window, as each baseline is refitted (default: on); off: the "
+                         "training window only")
+    ap.add_argument("--score-bias", action=argparse.BooleanOptionalAction, default=True,
+                    help="the embedding's score coordinate (a learned item bias; default: on)")
     ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
                     help="MiniLM texts as world knowledge (default: on, off with --quick)")
     ap.add_argument("--device", choices=["cpu", "cuda"])

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from hirflow.state.views import N_STATS, View
+from hirflow.state.views import FREQUENT_STAT, N_STATS, View
 
 SEQ_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 HOP_BUCKETS = 16    # hop embeddings: 0..14 exact, 15 = "15 hops or more" (views store up to
@@ -318,7 +318,7 @@ def pack_arrays(views: Sequence[View], cfg: PackConfig,
         anchor_pos=starts.copy(), type_ids=type_ids, hop=np.minimum(hop, HOP_BUCKETS - 1),
         stats=stats, token_node=token_node, hash_x=hash_x, rwse=rw,
         knowledge=kn, has_knowledge=has_kn,
-        image=im, has_image=has_im, frequent=stats[:, N_STATS - 1] > 0.5,
+        image=im, has_image=has_im, frequent=stats[:, FREQUENT_STAT] > 0.5,
         spd=spd, etype=etype, eweight=eweight, erec=erec,
         type_q=type_q, type_k=type_k, dense_tok=dense_tok,
         view_sizes=list(sizes), block_size=cfg.block_size)

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from hirflow.encoder.batching import HOP_BUCKETS, PackedBatch
-from hirflow.state.views import N_STATS
 
 
 class DeepHashEmbedding(nn.Module):
@@ -33,7 +32,8 @@ class NodeFeatures(nn.Module):
         d = cfg.d_model
         self.type_emb = nn.Embedding(cfg.n_types, d)
         self.hop_emb = nn.Embedding(HOP_BUCKETS, d)
-        self.stats = nn.Linear(N_STATS, d)
+        self.n_stats = cfg.n_stats
+        self.stats = nn.Linear(cfg.n_stats, d)
         self.dhe = DeepHashEmbedding(cfg.pack.hash_count, cfg.dhe_hidden, d)
         self.knowledge = nn.Linear(cfg.pack.knowledge_dim, d)
         self.image = nn.Linear(cfg.pack.image_dim, d)
@@ -50,7 +50,8 @@ class NodeFeatures(nn.Module):
         hash, knowledge, image) are computed once per distinct node of the batch and gathered
         to its tokens."""
         sl = slice(None, n)
-        x = self.type_emb(b.type_ids[sl]) + self.hop_emb(b.hop[sl]) + self.stats(b.stats[sl])
+        x = self.type_emb(b.type_ids[sl]) + self.hop_emb(b.hop[sl])
+        x = x + self.stats(b.stats[sl, :self.n_stats])
         x = x + self.rwse(b.rwse[sl])
         node = b.token_node[sl]
         x = x + self.dhe(b.hash_x)[node] * b.frequent[sl, None]           # frequent ids only

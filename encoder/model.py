@@ -1,10 +1,17 @@
 """The hierarchical encoder: pre-norm graph transformer over packed views.
 
-Outputs, per view, the anchor's L2-normalised embedding and assignment logits over the
-prototypes of each hierarchy level (coarse to fine). Levels form a tree: fine primitive j
-has parent ``j * K_l // K_fine`` at level l, and a coarse primitive is the normalised mean of
-its children, so every primitive lives in the node embedding space and a node's coarse
-assignment follows its fine one. `forward` takes tensors only (a `PackedBatch`).
+Outputs, per view, the anchor's embedding and assignment logits over the prototypes of each
+hierarchy level (coarse to fine). The embedding is a unit direction, and with `score_bias`
+its last coordinate carries a score term: 1 for the query side (users), a learned bias for
+every other node, read from its features (behavioural stats included, so it follows recent
+activity). The inner product of a user and an item is then direction similarity plus the
+item's bias: the popularity term of a two-tower retrieval score, served in the embedding
+itself (what the index retrieves by and subscribers receive).
+
+Levels form a tree: fine primitive j has parent ``j * K_l // K_fine`` at level l, and a
+coarse primitive is the normalised mean of its children, so every primitive lives in the
+node embedding space and a node's coarse assignment follows its fine one. `forward` takes
+tensors only (a `PackedBatch`).
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from hirflow.encoder import attention as A
 from hirflow.encoder.batching import PackConfig, PackedBatch
 from hirflow.encoder.features import NodeFeatures
 from hirflow.state.schema import SchemaConfig
+from hirflow.state.views import N_STATS
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,10 @@ class EncoderConfig:
     dhe_hidden: int = 128
     levels: tuple[int, ...] = (16, 128, 1024)   # prototypes per level, coarse to fine
     temperature: float = 0.1        # assignment softmax temperature (cosine logits / T)
+    n_stats: int = N_STATS          # behavioural stats read per token (`state.views.N_STATS`)
+    score_bias: bool = False        # last coordinate: 1 for query types, a learned bias for the
+                                    # rest (`for_schema` turns it on, naming the user type)
+    query_types: tuple[int, ...] = ()   # type codes of the query side
     dropout: float = 0.0
     compile: bool = True            # compiled FlexAttention where it applies
     pack: PackConfig = field(default_factory=PackConfig)
@@ -42,10 +54,16 @@ class EncoderConfig:
             raise ValueError(f"d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
         if list(self.levels) != sorted(self.levels) or len(self.levels) < 1:
             raise ValueError(f"levels must be increasing (coarse to fine), got {self.levels}")
+        if self.score_bias and not self.query_types:
+            raise ValueError("score_bias needs the query side's types (query_types): with none, "
+                             "a user's bias would multiply an item's instead of adding to it")
 
     @classmethod
     def for_schema(cls, schema: SchemaConfig, **kw) -> "EncoderConfig":
-        return cls(n_types=len(schema.all_node_types), n_actions=len(schema.all_actions), **kw)
+        kw.setdefault("score_bias", True)
+        query = (schema.all_node_types.index(schema.user_type),)
+        return cls(n_types=len(schema.all_node_types), n_actions=len(schema.all_actions),
+                   query_types=query, **kw)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -54,6 +72,9 @@ class EncoderConfig:
     def from_dict(cls, d: dict) -> "EncoderConfig":
         d = dict(d)
         d["levels"] = tuple(d["levels"])
+        d["query_types"] = tuple(d.get("query_types", ()))
+        d.setdefault("score_bias", False)          # models saved before the key had none
+        d.setdefault("n_stats", 6)                  # ... and read 6 stats
         p = dict(d.pop("pack"))
         p["seq_buckets"] = tuple(p["seq_buckets"])
         return cls(pack=PackConfig(**p), **d)
@@ -105,7 +126,14 @@ class HierarchicalEncoder(nn.Module):
         self.features = NodeFeatures(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.d_emb)
+        self.head = nn.Linear(cfg.d_model, cfg.d_emb - 1 if cfg.score_bias else cfg.d_emb)
+        if cfg.score_bias:
+            self.bias_head = nn.Linear(cfg.d_model, 1)
+            nn.init.zeros_(self.bias_head.weight)
+            nn.init.zeros_(self.bias_head.bias)
+            query = torch.zeros(cfg.n_types, dtype=torch.bool)
+            query[list(cfg.query_types)] = True
+            self.register_buffer("is_query", query, persistent=False)
         k_fine = cfg.levels[-1]
         self.prototypes = nn.Parameter(F.normalize(torch.randn(k_fine, cfg.d_emb), dim=-1))
         # per-type mean embedding, removed before an embedding meets the prototypes (not from
@@ -139,7 +167,8 @@ class HierarchicalEncoder(nn.Module):
         return getattr(self, f"parent_{level}")
 
     def forward(self, b: PackedBatch, backend: str | None = None):
-        """-> emb (V, d_emb) unit vectors, logits: list of (V, K_l) per level."""
+        """-> emb (V, d_emb) (unit vectors, or a unit direction + the score coordinate with
+        `score_bias`), logits: list of (V, K_l) per level."""
         backend = A.Backend(backend or self.backend(max_view=max(b.view_sizes)))
         if backend.is_flex:
             layout = (A.build_block_mask(b, self.device), A.pair_layout(b, self.blocks[0].bias))
@@ -155,10 +184,22 @@ class HierarchicalEncoder(nn.Module):
             x = blk(x, b, backend, layout, anchors_only=i == last)   # the last: (V, d)
         if not self.blocks:
             x = x[b.anchor_pos]
-        emb = F.normalize(self.head(self.ln_f(x)), dim=-1)             # (V, d_emb)
-        z = self.centred(emb, b.type_ids[b.anchor_pos])
+        types = b.type_ids[b.anchor_pos]
+        emb = self.embedding(x, types)                                 # (V, d_emb)
+        z = self.centred(emb, types)
         logits = [z @ p.T / self.cfg.temperature for p in self.level_prototypes()]
         return emb, logits
+
+    def embedding(self, x: torch.Tensor, type_ids: torch.Tensor) -> torch.Tensor:
+        """Anchors' last hidden states (V, d_model) -> their embeddings (V, d_emb): a unit
+        direction, and with `score_bias` the score coordinate (1 for query types)."""
+        h = self.ln_f(x)
+        emb = F.normalize(self.head(h), dim=-1)
+        if not self.cfg.score_bias:
+            return emb
+        bias = self.bias_head(h)                                      # (V, 1)
+        score = torch.where(self.is_query[type_ids, None], torch.ones_like(bias), bias)
+        return torch.cat([emb, score], -1)
 
     def centred(self, emb: torch.Tensor, type_ids: torch.Tensor) -> torch.Tensor:
         """`emb` in the prototypes' space: less its type's mean, unit length. Retrieval keeps

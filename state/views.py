@@ -23,8 +23,11 @@ from hirflow.state.graph import GraphReader
 from hirflow.state.node import IN, OUT, NodeState
 from hirflow.state.schema import SchemaConfig
 
-N_STATS = 6   # log1p(events), log1p(deg out), log1p(deg in), log1p(days since first seen),
-              # log1p(days since last seen), frequent flag
+N_STATS = 7   # log1p(events), log1p(deg out), log1p(deg in), log1p(days since first seen),
+              # log1p(days since last seen), frequent flag, log1p(recent edges: each edge
+              # weighs 1 halved per recency half-life of its age: how many neighbours engaged
+              # lately, the trend an item's popularity follows); models saved with 6 read 6
+FREQUENT_STAT = 5   # the column of the frequent flag
 MAX_HOP = 127  # hops from the anchor are stored as int8; farther reads as this
 
 
@@ -157,13 +160,16 @@ class ViewSampler:
         by_nbr: dict[str, tuple] = {}
         rates, rec, exp, codes = self.rates, self._recency, math.exp, self.action_index
         deg = [0, 0]
+        recent = 0.0
         for (nbr, action, d), (w, tref, _, first) in s.edges.items():
             if first > cutoff:
                 continue
             rate = rates[action]
             dt = cutoff - tref if cutoff > tref else 0
             wt = w * exp(-rate * dt) if rate else w
-            imp = abs(wt) * exp(-rec * dt)
+            fresh = exp(-rec * dt)
+            recent += fresh
+            imp = abs(wt) * fresh
             if imp > best.get(nbr, 0.0):
                 best[nbr] = imp
             # tuples, not lists: a tuple of numbers drops out of the cyclic GC, while each of
@@ -175,7 +181,7 @@ class ViewSampler:
         stats = (math.log1p(s.events), math.log1p(deg[OUT]), math.log1p(deg[IN]),
                  math.log1p(max(0.0, cutoff - s.first) / day) if s.first is not None else 0.0,
                  math.log1p(max(0.0, cutoff - s.last) / day) if s.last is not None else 0.0,
-                 1.0 if s.events >= self.cfg.min_events_frequent else 0.0)
+                 1.0 if s.events >= self.cfg.min_events_frequent else 0.0, math.log1p(recent))
         return _NodeInfo(sorted(((v, n) for n, v in best.items()), reverse=True), by_nbr, stats)
 
     # -- sampling -------------------------------------------------------------------------

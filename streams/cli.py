@@ -293,6 +293,10 @@ def _text_encode(enabled: bool):
 @click.option("--train-share", type=float,
               help="Share of the events, in time order, used for training (then 10%% validation, "
                    "the rest test) [train.train_share, 0.8].")
+@click.option("--fit-validation/--no-fit-validation", default=None,
+              help="Fit on the training and validation windows, everything before the test "
+                   "window (off: the training window only, to compare settings on validation) "
+                   "[train.fit_validation, on].")
 @click.option("--window", help="Only the data of this long before the cutoff, e.g. 14d "
                                "[train.window, all].")
 @click.option("--every", help="Train periodically, e.g. 1h: each round takes the data up to now "
@@ -312,6 +316,9 @@ def _text_encode(enabled: bool):
               help="softmax: in-batch sampled softmax over each batch's items (retrieval); bce: "
                    "DistMult engagement prediction against sampled negatives [train.objective, softmax].")
 @click.option("--passes", type=int, help="Shuffled passes over each chunk's events [train.passes, 1].")
+@click.option("--min-steps", type=int,
+              help="More passes for a small data set, to at least this many steps; 0: off "
+                   "[train.min_steps, 1000].")
 @click.option("--centre-types/--no-centre-types", default=None,
               help="Fit and assign primitives to embeddings less their node type's mean (a "
                    "hierarchy by interest, not by type); retrieval keeps the plain embedding "
@@ -325,10 +332,10 @@ def _text_encode(enabled: bool):
                    "[train.announce, on].")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.pass_obj
-def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window, every, rounds,
-          out, init_path, resume, levels, seed, steps_per_chunk, objective, passes, centre_types,
-          sample_workers, knowledge, announce, progress):
-    """Train a checkpoint on the training window of the data (strict time cutoff), once or
+def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, fit_validation, window,
+          every, rounds, out, init_path, resume, levels, seed, steps_per_chunk, objective, passes,
+          min_steps, centre_types, sample_workers, knowledge, announce, progress):
+    """Train a checkpoint on the data before its test window (strict time cutoff), once or
     periodically (--every). Settings come from the [train], [encoder] and [quantizer] config
     sections; each flag overrides the key named in brackets."""
     from hirflow.encoder.checkpoint import CheckpointError, load as load_ckpt
@@ -338,11 +345,13 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, window,
     from hirflow.trainer.resume import ResumeError
     from hirflow.trainer.runs import parse_duration, run_every, run_once
     from hirflow.trainer.train import NonFiniteLoss
-    cfg = obj.config(**{"train.train_share": train_share, "train.window": window,
+    cfg = obj.config(**{"train.train_share": train_share, "train.fit_validation": fit_validation,
+                        "train.window": window,
                         "train.every": every, "train.rounds": rounds, "train.out": out,
                         "encoder.levels": levels, "train.seed": seed,
                         "train.steps_per_chunk": steps_per_chunk, "train.objective": objective,
-                        "train.passes": passes, "train.centre_types": centre_types,
+                        "train.passes": passes, "train.min_steps": min_steps,
+                        "train.centre_types": centre_types,
                         "train.sample_workers": sample_workers, "train.knowledge": knowledge,
                         "train.announce": announce})
     tc = cfg.train
@@ -406,7 +415,8 @@ def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, categ
     writes metrics.json and recall.png to --out."""
     from hirflow.trainer.baselines import QUICK, STANDARD
     from hirflow.trainer.data import chronological_windows, world_knowledge
-    from hirflow.trainer.evaluate import category_labels as categories, evaluate as run_eval
+    from hirflow.trainer.evaluate import TrainedOnTestWindow, category_labels as categories
+    from hirflow.trainer.evaluate import evaluate as run_eval
     cfg = obj.config(**{"train.train_share": train_share})
     train_share = cfg.train.train_share
     evs, ents = _data_loader(cfg, input_path, fmt, entities_path)(2 ** 62)
@@ -424,8 +434,11 @@ def evaluate(obj: Ctx, checkpoint, input_path, fmt, entities_path, labels, categ
         lab = {r["node"]: r for r in map(json.loads, labels.read_text().splitlines()) if "fine" in r}
     elif category_labels:
         lab = categories(evs)
-    metrics = run_eval(checkpoint, evs, windows, cfg.schema, out, labels=lab, texts=texts,
-                       later_texts=later, baselines=QUICK if quick_baselines else STANDARD)
+    try:
+        metrics = run_eval(checkpoint, evs, windows, cfg.schema, out, labels=lab, texts=texts,
+                           later_texts=later, baselines=QUICK if quick_baselines else STANDARD)
+    except TrainedOnTestWindow as exc:
+        raise click.ClickException(str(exc)) from None
     for task in ("next_engagement", "deep_funnel"):
         res = metrics.get(task, {})
         if not res.get("methods"):

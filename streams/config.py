@@ -105,6 +105,9 @@ class TrainSection:
     out: str = "var/checkpoints"        # where checkpoints are written (then announced)
     train_share: float = 0.8            # share of events, in time order, to train on; then
                                         # 10% validation, the rest test
+    fit_validation: bool = True         # fit the model on the training and validation windows
+                                        # (all but the test window; as `hirflow evaluate` refits
+                                        # each baseline); false: the training window only
     window: str = ""                    # only data this long before the cutoff, e.g. 14d ("": all)
     every: str = ""                     # train periodically, e.g. 1h, each round continuing
                                         # the previous checkpoint ("": once)
@@ -115,6 +118,8 @@ class TrainSection:
     objective: str = "softmax"          # softmax: in-batch sampled softmax over each batch's
                                         # items (retrieval); bce: DistMult vs sampled negatives
     passes: int = 1                     # shuffled passes over each chunk's events
+    min_steps: int = 1000               # more passes for a small data set, to at least this
+                                        # many steps (not when steps_per_chunk caps the run)
     centre_types: bool = True           # fit primitives to embeddings less their type's mean
     sample_workers: int = 1             # threads sampling views ahead of the model (0: inline)
     knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
@@ -125,9 +130,10 @@ class TrainSection:
             raise ValueError(f"train.train_share must be in (0, 1), got {self.train_share}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"train.objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.passes < 1 or self.sample_workers < 0 or (self.rounds is not None and self.rounds < 1) \
+        if self.passes < 1 or self.sample_workers < 0 or self.min_steps < 0 \
+                or (self.rounds is not None and self.rounds < 1) \
                 or (self.steps_per_chunk is not None and self.steps_per_chunk < 1):
-            raise ValueError("train.passes, rounds and steps_per_chunk must be >= 1, "
+            raise ValueError("train.passes, rounds and steps_per_chunk must be >= 1, min_steps >= 0, "
                              "sample_workers >= 0")
 
 

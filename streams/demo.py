@@ -73,7 +73,7 @@ def _subscribe(cfg: HirflowConfig, watch: FreshnessWatch, done: threading.Event)
 # young synthetic world one pass leaves users barely personalised, while three separate them
 # by their planted interests (the summary checks it); fewer teacher anchors per step roughly
 # halve the training time without losing that.
-FIRST_TRAIN = dict(passes=3, teacher_anchors=8)
+FIRST_TRAIN = dict(passes=3, min_steps=0, teacher_anchors=8)     # a quick first model
 
 
 def _train_first(cfg: HirflowConfig, synth: SynthConfig, workdir: Path, produced: int,

@@ -15,7 +15,7 @@ from hirflow.trainer.train import TrainConfig
 
 # [train] key -> TrainConfig field
 TRAIN_FIELDS = {"seed": "seed", "steps_per_chunk": "max_steps_per_chunk", "objective": "objective",
-                "passes": "passes", "centre_types": "centre_types",
+                "passes": "passes", "min_steps": "min_steps", "centre_types": "centre_types",
                 "sample_workers": "sample_workers"}
 
 
@@ -24,7 +24,7 @@ def run_options(cfg: HirflowConfig, resume: bool = False, log_path: str | None =
     train = TrainConfig(**{f: getattr(tc, k) for k, f in TRAIN_FIELDS.items()},
                         quantizer=QuantizerConfig(**dataclasses.asdict(cfg.quantizer)),
                         log_path=log_path)
-    return RunOptions(train_share=tc.train_share,
+    return RunOptions(train_share=tc.train_share, fit_validation=tc.fit_validation,
                       window_s=parse_duration(tc.window) if tc.window else None,
                       encoder=dataclasses.asdict(cfg.encoder), knowledge=tc.knowledge,
                       resume=resume, train=train)

@@ -68,17 +68,22 @@ def tiny_checkpoints(tmp_path_factory, tiny_world):
     """Two small trained checkpoints (seeds 0 and 1) of the same world: a model and its
     successor for hot-swap tests. About 5 s each on this CPU. The first fits its primitives
     to the plain embeddings: this barely trained model's nodes of one type lie almost on
-    their type's mean (norm 0.98-1.0), so centred assignments would be noise; the successor
-    centres them (the default), so serving with type centres runs too."""
+    their type's mean (norm 0.98-1.0), so centred assignments would be noise; and it has the
+    shape of a model saved before the score coordinate and the recent-edges stat (served
+    with today's views, it reads their first 6 stats), whose few steps spread ads over
+    several fine primitives and whose users' tokens follow their direction alone, which the
+    refresh tests move. The successor has today's defaults (centred primitives, score
+    coordinate, 7 stats), so serving runs with both."""
     from hirflow.encoder.model import EncoderConfig
     from hirflow.encoder.quantize import QuantizerConfig
     from hirflow.state.schema import SchemaConfig
     from hirflow.trainer.train import TrainConfig, train
     root = tmp_path_factory.mktemp("ckpts")
     schema = SchemaConfig()
-    enc = EncoderConfig.for_schema(schema, levels=(4, 16), d_model=32, d_ff=64, d_emb=32)
     out = []
     for seed in (0, 1):
+        enc = EncoderConfig.for_schema(schema, levels=(4, 16), d_model=32, d_ff=64, d_emb=32,
+                                       score_bias=seed == 1, n_stats=7 if seed == 1 else 6)
         # the DistMult objective at full distillation weight: after a few steps it already
         # spreads ads over several fine primitives, which the refresh tests move users between
         cfg = TrainConfig(seed=seed, batch_edges=32, max_steps_per_chunk=2, objective="bce",

@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 KS = (10, 20, 50)
 
 
+class TrainedOnTestWindow(ValueError):
+    """The checkpoint was fitted on events of the test window it is asked to be scored on."""
+
+
 def load_model(path) -> tuple[HierarchicalEncoder, ckpt.Checkpoint]:
     ck = ckpt.load(path)
     return encoder_from(ck), ck
@@ -133,6 +137,12 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model, ck = load_model(path)
+    fitted = ck.manifest.get("data_window")
+    if fitted and fitted[1] >= windows.val_end:
+        raise TrainedOnTestWindow(
+            f"{path}: the model was fitted on events up to {fitted[1]}, inside the test window "
+            f"(from {windows.val_end}): its test figures would score what it was trained on; "
+            "train with a cutoff before the test window")
     events = sorted(events, key=lambda e: e.ts)
     before = [e for e in events if e.ts < windows.val_end]
     test = [e for e in events if e.ts >= windows.val_end]

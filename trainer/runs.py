@@ -1,11 +1,13 @@
 """Training runs: once, or periodically (`hirflow train --every 1h`).
 
 A round takes the data up to its cutoff (now, for periodic runs), splits it into
-chronological windows, trains on the training window and announces the checkpoint once its
-files are complete. A periodic round starts from the previous round's weights and names that
-checkpoint as its parent, so the manifests form a chain. Reading the data is passed in
-(`load(cutoff) -> (engagements, entities)`), so any source that `hirflow replay` reads or
-the Kafka topics work the same, and this package does not depend on the readers.
+chronological windows, trains on everything before the test window (the training and
+validation windows; with `fit_validation` off, the training window only) and announces the
+checkpoint once its files are complete. A periodic round starts from the previous round's
+weights and names that checkpoint as its parent, so the manifests form a chain. Reading the
+data is passed in (`load(cutoff) -> (engagements, entities)`), so any source that `hirflow
+replay` reads or the Kafka topics work the same, and this package does not depend on the
+readers.
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ def parse_duration(text: str) -> float:
 @dataclass(frozen=True)
 class RunOptions:
     train_share: float = 0.8           # then 10% validation, the last 10% test
+    fit_validation: bool = True         # fit on the training and validation windows (all but
+                                        # the test window), as the evaluation refits baselines
     window_s: float | None = None       # only this much data before the cutoff (None: all)
     encoder: dict = field(default_factory=dict)   # EncoderConfig fields of a new model
                                                   # (levels, widths); a parent's shape wins
@@ -70,17 +74,18 @@ def run_once(load: Loader, cutoff: int, schema: SchemaConfig, opts: RunOptions, 
         raise ValueError(f"no engagement events up to the cutoff {cutoff}")
     windows = chronological_windows([e.ts for e in evs], train=opts.train_share,
                                     val=min(0.1, (1 - opts.train_share) / 2))
-    train_evs = [e for e in evs if e.ts < windows.train_end]
+    fit_end = windows.val_end if opts.fit_validation else windows.train_end
+    train_evs = [e for e in evs if e.ts < fit_end]
     texts = None
     if opts.knowledge and text_encode is not None:
-        # texts known by the end of the training window: what serving would have had then
-        texts = world_knowledge(entities, windows.train_end - 1, text_encode) or None
+        # texts known by the end of the fitted windows: what serving would have had then
+        texts = world_knowledge(entities, fit_end - 1, text_encode) or None
     if parent is not None:
         enc_cfg = EncoderConfig.from_dict(parent.manifest["config"])
     else:
         enc_cfg = EncoderConfig.for_schema(schema, **opts.encoder)
     log.info("training on %d of %d events (window %d..%d), %d texts", len(train_evs), len(evs),
-             windows.start, windows.train_end, len(texts or {}))
+             windows.start, fit_end, len(texts or {}))
     out.mkdir(parents=True, exist_ok=True)
     path = train(train_evs, schema, enc_cfg, opts.train, out, parent=parent.id if parent else None,
                  texts=texts, init=parent, resume=opts.resume, progress=progress)

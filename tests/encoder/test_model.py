@@ -4,7 +4,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from hirflow.encoder.batching import pack
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
@@ -22,6 +21,7 @@ def model():
         for blk in m.blocks:
             for p in blk.bias.parameters():
                 p.normal_()
+        m.bias_head.weight.normal_()            # starts at zero: a score term that varies
     return m
 
 
@@ -31,7 +31,7 @@ def full_reference(model, b):
         x = model.features(b)
         for blk in model.blocks:
             x = blk(x, b, "dense_packed", None)
-        return F.normalize(model.head(model.ln_f(x[b.anchor_pos])), dim=-1)
+        return model.embedding(x[b.anchor_pos], b.type_ids[b.anchor_pos])
 
 
 @pytest.mark.parametrize("backend", ["dense_per_view", "dense_packed", "flex_eager"])
@@ -43,3 +43,28 @@ def test_every_backend_gives_the_full_computations_embeddings(model, backend):
     assert emb.shape == (b.n_views, model.cfg.d_emb)
     assert torch.allclose(emb, full_reference(model, b), atol=1e-5, rtol=0)
     assert [lg.shape for lg in logits] == [(b.n_views, k) for k in model.cfg.levels]
+
+
+def test_the_score_coordinate_is_one_for_users_and_a_learned_bias_for_the_rest(model):
+    """A user . item inner product is direction similarity plus the item's bias."""
+    b = pack(random_views(5, 40), model.cfg.pack)
+    with torch.no_grad():
+        emb, _ = model(b, "dense_packed")
+    types = b.type_ids[b.anchor_pos]
+    query = torch.isin(types, torch.tensor(model.cfg.query_types))
+    assert query.any() and (~query).any()
+    assert torch.allclose(emb[:, :-1].norm(dim=-1), torch.ones(len(emb)), atol=1e-5)
+    assert torch.all(emb[query, -1] == 1.0)
+    assert emb[~query, -1].std() > 0
+    u, i = emb[query][0], emb[~query]
+    assert torch.allclose(i @ u, i[:, :-1] @ u[:-1] + i[:, -1], atol=1e-6)
+
+
+def test_a_model_saved_before_the_score_coordinate_and_the_recent_edges_stat_loads_as_it_was():
+    cfg = EncoderConfig.for_schema(SchemaConfig(), levels=(4, 16), compile=False)
+    d = cfg.to_dict()
+    del d["score_bias"], d["query_types"]
+    del d["n_stats"]
+    old = EncoderConfig.from_dict(d)
+    assert not old.score_bias and "bias_head.weight" not in HierarchicalEncoder(old).state_dict()
+    assert old.n_stats == 6 and HierarchicalEncoder(old).features.stats.in_features == 6

@@ -97,7 +97,8 @@ def test_deferred_invalidation_samples_the_new_state_and_frees_on_release(tmp_pa
 def test_node_info_matches_its_definition_edge_by_edge(tmp_path):
     """What sampling knows of a node as of a cutoff, restated one edge at a time: only edges
     that existed then, weights decayed to it, each neighbour ranked by its best edge's
-    |weight| x recency (ties by name, only the head kept), rows per neighbour, degrees."""
+    |weight| x recency (ties by name, only the head kept), rows per neighbour, degrees, and
+    the recent-edges stat (each edge's recency summed)."""
     import math
 
     from hirflow.state.node import IN, OUT
@@ -112,13 +113,14 @@ def test_node_info_matches_its_definition_edge_by_edge(tmp_path):
         for cutoff in (T0 + 3 * DAY, T0 + 15 * DAY, T0 + 40 * DAY):
             for s in store.reader.states([f"user:{i}" for i in range(8)] + ["ad:3"]):
                 info = sampler._compute(s, cutoff)
-                best, rows, deg = {}, {}, {OUT: 0, IN: 0}
+                best, rows, deg, recent = {}, {}, {OUT: 0, IN: 0}, 0.0
                 for (nbr, action, d), (w, tref, _, first) in s.edges.items():
                     if first > cutoff:
                         continue
                     dt = max(0, cutoff - tref)
                     wt = w * math.exp(-rates[action] * dt)
                     imp = abs(wt) * math.exp(-rec * dt)
+                    recent += math.exp(-rec * dt)
                     if imp > best.get(nbr, 0.0):
                         best[nbr] = imp
                     rows.setdefault(nbr, []).append((codes[action], d, wt, dt))
@@ -132,3 +134,4 @@ def test_node_info_matches_its_definition_edge_by_edge(tmp_path):
                     assert [r[:2] + (r[3],) for r in got] == [r[:2] + (r[3],) for r in rows[nbr]]
                     assert np.allclose([r[2] for r in got], [r[2] for r in rows[nbr]], rtol=1e-12)
                 assert info.stats[1] == math.log1p(deg[OUT]) and info.stats[2] == math.log1p(deg[IN])
+                assert math.isclose(info.stats[6], math.log1p(recent), rel_tol=1e-12)

@@ -20,6 +20,7 @@ def test_section_defaults_are_the_trainers_defaults():
     for key, name in TRAIN_FIELDS.items():
         assert getattr(section, key) == getattr(train, name), key
     assert section.train_share == RunOptions().train_share and section.knowledge == RunOptions().knowledge
+    assert section.fit_validation == RunOptions().fit_validation
     enc = EncoderConfig()
     for f in dataclasses.fields(EncoderSection):
         assert getattr(EncoderSection(), f.name) == getattr(enc, f.name), f.name

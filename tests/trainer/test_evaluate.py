@@ -1,13 +1,14 @@
 import json
 
 import numpy as np
+import pytest
 
 from hirflow.state.events import Engagement
 from hirflow.streams.synth import SynthConfig, SynthWorld
 from tests.trainer.test_train import small
-from hirflow.trainer.data import chronological_windows
+from hirflow.trainer.data import Windows, chronological_windows
 from hirflow.trainer import baselines as B
-from hirflow.trainer.evaluate import evaluate
+from hirflow.trainer.evaluate import TrainedOnTestWindow, evaluate
 from hirflow.trainer.train import train
 
 
@@ -57,6 +58,9 @@ def test_evaluation_end_to_end_writes_metrics_and_plots(tmp_path):
     assert 0 < dens["raw_density"] < 1
     for lvl in ("level0", "level1"):
         assert dens[lvl]["primitives"] >= 1 and dens[lvl]["density"] <= 1.0
+    early = Windows(w.start, w.start + 1, w.start + 2, w.end)       # a test window it trained on
+    with pytest.raises(TrainedOnTestWindow, match="inside the test window"):
+        evaluate(path, evs, early, schema, tmp_path / "eval2", baselines=B.QUICK)
 
 
 def test_category_labels_are_compared_with_every_level():

@@ -194,15 +194,30 @@ def test_run_every_keeps_the_last_good_checkpoint_after_a_failed_round(tmp_path)
 
 def test_centring_types_stores_each_types_mean(tmp_path):
     """With centre_types (the default) the checkpoint holds one mean embedding per seen node
-    type (a mean of unit vectors: norm in (0, 1]); without it the centres stay zero."""
+    type (its direction a mean of unit vectors: norm in (0, 1]; its score coordinate 1 for
+    users); without it the centres stay zero."""
     schema, enc, cfg = small(tmp_path)
     ck = load(train(events(), schema, enc, cfg, tmp_path / "a", progress=False))
-    norms = ck.weights["encoder.type_centre"].norm(dim=-1)
+    centre = ck.weights["encoder.type_centre"]
+    norms = centre[:, :-1].norm(dim=-1)
     types = list(schema.all_node_types)
     for t in ("user", "ad", "product"):
         assert 0.05 < float(norms[types.index(t)]) <= 1.0 + 1e-5
+    assert float(centre[types.index("user"), -1]) == 1.0
     assert ck.manifest["metrics"]["primitives_used"][-1] > 1
     (tmp_path / "b").mkdir()
     schema, enc, cfg = small(tmp_path / "b", centre_types=False)
     plain = load(train(events(), schema, enc, cfg, tmp_path / "b" / "ck", progress=False))
     assert not plain.weights["encoder.type_centre"].any()
+
+
+def test_a_small_data_set_gets_passes_up_to_min_steps_unless_its_steps_are_capped():
+    from hirflow.trainer.pipeline import chunk_plan
+    from hirflow.trainer.train import _passes
+    evs = sorted(events(), key=lambda e: e.ts)
+    one = sum(len(p) - 1 for p in chunk_plan(evs, 24 * 3_600_000, 32, None, 0, 1))
+    assert _passes(evs, TrainConfig(batch_edges=32, min_steps=0, passes=2)) == 2
+    assert _passes(evs, TrainConfig(batch_edges=32, min_steps=one)) == 1
+    assert _passes(evs, TrainConfig(batch_edges=32, min_steps=one + 1)) == 2
+    assert _passes(evs, TrainConfig(batch_edges=32, min_steps=10 * one, passes=3)) == 10
+    assert _passes(evs, TrainConfig(batch_edges=32, min_steps=10 * one, max_steps_per_chunk=2)) == 1
