@@ -165,9 +165,7 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
         p.requires_grad_(False)
     opt = torch.optim.AdamW(list(student.parameters()) + list(head.parameters()), lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
-    passes = _passes(events, cfg)
-    plan = chunk_plan(events, int(cfg.chunk_hours * 3_600_000), cfg.batch_edges,
-                      cfg.max_steps_per_chunk, cfg.seed, passes)
+    plan, passes = _plan(events, cfg)
     steps = sum(len(p) - 1 for p in plan)
     lr = cosine(cfg.lr, cfg.lr * 0.05, max(1, steps), warmup_steps=min(cfg.warmup_steps, max(1, steps) - 1))
     mom = teacher_momentum(max(1, steps), cfg.momentum)
@@ -263,15 +261,19 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     return path
 
 
-def _passes(events, cfg: TrainConfig) -> int:
-    """`cfg.passes`, raised until the run takes at least `cfg.min_steps` steps (not when the
-    steps per chunk are capped: a capped run is asked to be short)."""
-    if not cfg.min_steps or cfg.max_steps_per_chunk is not None:
-        return cfg.passes
-    one = chunk_plan(events, int(cfg.chunk_hours * 3_600_000), cfg.batch_edges,
-                     cfg.max_steps_per_chunk, cfg.seed, 1)
-    per_pass = sum(len(p) - 1 for p in one)
-    return max(cfg.passes, math.ceil(cfg.min_steps / per_pass)) if per_pass else cfg.passes
+def _plan(events, cfg: TrainConfig) -> tuple[list, int]:
+    """The run's `chunk_plan` and its passes: `cfg.passes`, raised until the run takes at
+    least `cfg.min_steps` steps (not when the steps per chunk are capped: a capped run is
+    asked to be short)."""
+    def plan(passes: int) -> list:
+        return chunk_plan(events, int(cfg.chunk_hours * 3_600_000), cfg.batch_edges,
+                          cfg.max_steps_per_chunk, cfg.seed, passes)
+    first = plan(cfg.passes)
+    per_pass = sum(len(p) - 1 for p in first) // cfg.passes
+    if not cfg.min_steps or cfg.max_steps_per_chunk is not None or not per_pass:
+        return first, cfg.passes
+    passes = max(cfg.passes, math.ceil(cfg.min_steps / per_pass))
+    return (first if passes == cfg.passes else plan(passes)), passes
 
 
 def _fitting_quantizer(q: QuantizerConfig, n: int) -> QuantizerConfig:

@@ -213,8 +213,11 @@ def test_centring_types_stores_each_types_mean(tmp_path):
 
 def test_a_small_data_set_gets_passes_up_to_min_steps_unless_its_steps_are_capped():
     from hirflow.trainer.pipeline import chunk_plan
-    from hirflow.trainer.train import _passes
+    from hirflow.trainer.train import _plan
     evs = sorted(events(), key=lambda e: e.ts)
+
+    def _passes(evs, cfg):
+        return _plan(evs, cfg)[1]
     one = sum(len(p) - 1 for p in chunk_plan(evs, 24 * 3_600_000, 32, None, 0, 1))
     assert _passes(evs, TrainConfig(batch_edges=32, min_steps=0, passes=2)) == 2
     assert _passes(evs, TrainConfig(batch_edges=32, min_steps=one)) == 1
