@@ -6,27 +6,36 @@ restart whose steps prefer heavier and more recent edges. A teacher view is broa
 up to 128 nodes), a student view narrow (up to 16). Reads are batched per hop (one multi-get)
 and decoded records are cached, since RocksDB point reads are the bottleneck here.
 
+The rules, per view:
+- expansion: the anchor has priority infinity; at hop h each node reached at hop h - 1 gives
+  each of its `fanout` most important neighbours the score base x importance / h, where base
+  is the node's priority at the end of hop h - 1 (1 for the anchor, and for a node that has
+  none); a neighbour's priority is the best score it got, its hop the first hop that reached it;
+- walks: `walks` walkers of `walk_length` steps (see `ViewSampler._walk`) add 1 / walks to a
+  node's priority per visit; a node first reached by a walk has the walk's depth as its hop;
+- the view: the anchor, then the `max_nodes - 1` nodes of highest priority (ties by name),
+  with every edge between two of them.
+
+The whole batch is sampled with array operations over an `AdjacencyTable`
+(`state.adjacency_table`); `tests/state/reference_views.py` states the same rules one node
+at a time in plain Python, and the tests hold the two equal on random graphs.
+
 No edge whose first event is after the cutoff ever appears, and weights are decayed to it.
 The output is a frozen dataclass of numpy arrays; turning it into tensors is encoder's job.
 """
 from __future__ import annotations
 
-import bisect
-import itertools
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse
 
+from hirflow.state.adjacency_table import EDGE_DTYPE, N_STATS, AdjacencyTable
 from hirflow.state.graph import GraphReader
-from hirflow.state.node import IN, OUT, NodeState
+from hirflow.state.node import OUT, NodeState
 from hirflow.state.schema import SchemaConfig
 
-N_STATS = 7   # log1p(events), log1p(deg out), log1p(deg in), log1p(days since first seen),
-              # log1p(days since last seen), frequent flag, log1p(recent edges: each edge
-              # weighs 1 halved per recency half-life of its age: how many neighbours engaged
-              # lately, the trend an item's popularity follows); models saved with 6 read 6
 FREQUENT_STAT = 5   # the column of the frequent flag
 MAX_HOP = 127  # hops from the anchor are stored as int8; farther reads as this
 
@@ -43,7 +52,8 @@ class ViewConfig:
     min_events_frequent: int = 5    # nodes with fewer events are "rare" (no hash-ID embedding)
 
     def __post_init__(self) -> None:
-        if self.max_nodes < 1 or self.hops < 0 or self.fanout < 1:
+        # <= 256: the batched sampler packs local indices into 8 bits of a sort key
+        if not 1 <= self.max_nodes <= 256 or self.hops < 0 or self.fanout < 1:
             raise ValueError(f"bad view config: max_nodes={self.max_nodes}, hops={self.hops}, "
                              f"fanout={self.fanout}")
         if not 0.0 <= self.restart < 1.0:
@@ -96,23 +106,21 @@ def cold_view(view: View) -> View:
 
 
 class ViewSampler:
-    """Samples views from a `GraphReader` (or any object with `states(ids)`)."""
+    """Samples views from a `GraphReader` (or any object with `states(ids)`), a batch of
+    anchors at a time: every step (expand a hop, move the walkers, choose, build) is a few
+    array operations over the whole batch, on the rows of an `AdjacencyTable`."""
 
     def __init__(self, reader: GraphReader, schema: SchemaConfig, config: ViewConfig,
                  seed: int = 0, cache_size: int = 50_000, rank_reuse_ms: int = 60_000) -> None:
         self.reader = reader
         self.cfg = config
-        self.rates = {a: s.decay_rate for a, s in schema.all_actions.items()}
         self.schema = schema
-        self.action_index = schema.action_codes()
         self.rng = np.random.default_rng(seed)
         self._cache: OrderedDict[str, NodeState | None] = OrderedDict()
         self._cache_size = cache_size
-        self._rank_cache: OrderedDict[str, tuple[int, _NodeInfo]] = OrderedDict()
-        self._walk_cache: dict[str, tuple] = {}
-        self._retired: list[tuple] = []            # invalidated records not freed yet
-        self.rank_reuse_ms = rank_reuse_ms
-        self._recency = math.log(2) / (config.recency_half_life_s * 1000.0)
+        self._retired: list[NodeState | None] = []   # invalidated records not freed yet
+        self.table = AdjacencyTable(schema, 2 * config.fanout, config.recency_half_life_s,
+                                    config.min_events_frequent, rank_reuse_ms, limit=4 * cache_size)
 
     # -- reads ----------------------------------------------------------------------------
     def records(self, ids: list[str]) -> dict[str, NodeState | None]:
@@ -130,59 +138,26 @@ class ViewSampler:
         """Forget cached records of nodes whose state changed. With `defer_free` they are
         only set aside until `release()`: freeing a filled node's records (a few thousand small
         objects) is slow enough to be worth doing after the reply has been sent."""
-        cache, ranks, walks = self._cache, self._rank_cache, self._walk_cache
+        node_ids = list(node_ids)
+        cache = self._cache
         for n in node_ids:
-            records = (cache.pop(n, None), ranks.pop(n, None), walks.pop(n, None))
+            record = cache.pop(n, None)
             if defer_free:
-                self._retired.append(records)
+                self._retired.append(record)
+        self.table.invalidate(node_ids)
 
     def release(self) -> None:
         """Free the records `invalidate(..., defer_free=True)` set aside."""
         self._retired.clear()
 
-    def _info(self, s: NodeState | None, cutoff: int) -> "_NodeInfo":
-        """What sampling needs of a node as of the cutoff, computed in one pass over its
-        edges and cached for cutoffs within `rank_reuse_ms` (orderings change slowly);
-        `invalidate` drops a node whose edges changed."""
-        if s is None:
-            return _EMPTY
-        hit = self._rank_cache.get(s.id)
-        if hit is not None and abs(hit[0] - cutoff) <= self.rank_reuse_ms:
-            return hit[1]
-        info = self._compute(s, cutoff)
-        self._rank_cache[s.id] = (cutoff, info)
-        if len(self._rank_cache) > self._cache_size:
-            self._rank_cache.popitem(last=False)
-        return info
-
-    def _compute(self, s: NodeState, cutoff: int) -> "_NodeInfo":
-        best: dict[str, float] = {}
-        by_nbr: dict[str, tuple] = {}
-        rates, rec, exp, codes = self.rates, self._recency, math.exp, self.action_index
-        deg = [0, 0]
-        recent = 0.0
-        for (nbr, action, d), (w, tref, _, first) in s.edges.items():
-            if first > cutoff:
-                continue
-            rate = rates[action]
-            dt = cutoff - tref if cutoff > tref else 0
-            wt = w * exp(-rate * dt) if rate else w
-            fresh = exp(-rec * dt)
-            recent += fresh
-            imp = abs(wt) * fresh
-            if imp > best.get(nbr, 0.0):
-                best[nbr] = imp
-            # tuples, not lists: a tuple of numbers drops out of the cyclic GC, while each of
-            # these lists (one per neighbour of every cached node) was walked by every full
-            # collection
-            by_nbr[nbr] = by_nbr.get(nbr, ()) + ((codes[action], d, wt, dt),)
-            deg[d] += 1
-        day = 86_400_000.0
-        stats = (math.log1p(s.events), math.log1p(deg[OUT]), math.log1p(deg[IN]),
-                 math.log1p(max(0.0, cutoff - s.first) / day) if s.first is not None else 0.0,
-                 math.log1p(max(0.0, cutoff - s.last) / day) if s.last is not None else 0.0,
-                 1.0 if s.events >= self.cfg.min_events_frequent else 0.0, math.log1p(recent))
-        return _NodeInfo(sorted(((v, n) for n, v in best.items()), reverse=True), by_nbr, stats)
+    def _ensure(self, ids: np.ndarray, cutoff: int) -> None:
+        """Table rows of `ids` that serve `cutoff`, computed from their records if needed."""
+        t = self.table
+        stale = t.stale(ids, cutoff)
+        if len(stale):
+            names = [t.names[i] for i in stale.tolist()]
+            records = self.records(names)
+            t.compute(stale, [records[n] for n in names], cutoff)
 
     # -- sampling -------------------------------------------------------------------------
     def sample(self, anchors: list[str], cutoff: int,
@@ -190,121 +165,221 @@ class ViewSampler:
         """One view per anchor; all anchors of a call share one cutoff and batched reads.
         `rng` (default: the sampler's own) drives the walks: the trainer passes one per batch
         so that which worker samples a batch does not change it."""
-        cfg = self.cfg
-        prio: list[dict[str, float]] = [{a: math.inf} for a in anchors]
-        hops: list[dict[str, int]] = [{a: 0} for a in anchors]
-        ranked: dict[str, list[tuple[float, str]]] = {}
-        frontier = [[a] for a in anchors]
+        if not anchors:
+            return []
+        cfg, t = self.cfg, self.table
+        if t.full:
+            t.clear()
+        home = t.intern(anchors)
+        reached = _Reached(np.arange(len(anchors), dtype=np.int64), home)
+        fv, fn = reached.view.copy(), home
         for hop in range(1, cfg.hops + 1):
-            need = [n for f in frontier for n in f if n not in ranked]
-            for n, s in self.records(need).items():
-                ranked[n] = self._info(s, cutoff).ranked
-            nxt = []
-            for i, f in enumerate(frontier):
-                new = []
-                for n in f:
-                    base = prio[i].get(n, 1.0)
-                    base = 1.0 if math.isinf(base) else base
-                    for imp, nb in ranked[n][:cfg.fanout]:
-                        score = base * imp / hop
-                        if nb not in hops[i]:
-                            hops[i][nb] = hop
-                            new.append(nb)
-                        if score > prio[i].get(nb, 0.0):
-                            prio[i][nb] = score
-                nxt.append(new)
-            frontier = nxt
-        self._walk(anchors, cutoff, prio, hops, ranked, self.rng if rng is None else rng)
-        chosen = []
-        for i, a in enumerate(anchors):
-            rest = sorted(((p, n) for n, p in prio[i].items() if n != a), key=lambda x: (-x[0], x[1]))
-            chosen.append([a] + [n for _, n in rest[:cfg.max_nodes - 1]])
-        states = self.records([n for c in chosen for n in c])
-        return [self._build(a, cutoff, c, hops[i], states) for i, (a, c) in enumerate(zip(anchors, chosen))]
+            if not len(fn):
+                break
+            self._ensure(fn, cutoff)
+            # a node expands from its priority as of the previous hop (1 for the anchor and
+            # for nodes reached without one)
+            base = reached.priority(fv, fn)
+            base = np.where((base == 0) | np.isinf(base), 1.0, base)
+            nb = t.top[fn, :cfg.fanout]
+            ok = nb >= 0
+            score = (base[:, None] * t.importance[fn, :cfg.fanout] / hop)[ok]
+            fv, fn = reached.expand(np.broadcast_to(fv[:, None], nb.shape)[ok],
+                                    nb[ok].astype(np.int64), score, hop)
+        self._walk(home, cutoff, reached, self.rng if rng is None else rng)
+        view, node, hop = reached.choose(cfg.max_nodes - 1, t)
+        self._ensure(node, cutoff)
+        return self._build(anchors, cutoff, view, node, hop)
 
-    def _walk(self, anchors, cutoff, prio, hops, ranked, rng: np.random.Generator) -> None:
-        """Random walks with restart, all anchors stepping together (one batched read per
-        step); a step picks a neighbour with probability proportional to its importance;
-        each visit adds to that node's priority."""
-        cfg = self.cfg
+    def _walk(self, home: np.ndarray, cutoff: int, reached: "_Reached",
+              rng: np.random.Generator) -> None:
+        """Random walks with restart, all anchors' walkers stepping together: a step jumps
+        back to the anchor with probability `restart` (or when the node has no neighbour),
+        else picks one of the node's ranking head with probability proportional to its
+        importance; each visit adds 1 / walks to that node's priority."""
+        cfg, t = self.cfg, self.table
         if cfg.walks == 0 or cfg.walk_length == 0:
             return
-        W = cfg.walks
-        pos = [a for a in anchors for _ in range(W)]
-        depth = [0] * len(pos)
-        inc = 1.0 / W
+        start = np.repeat(home, cfg.walks)
+        view = np.repeat(np.arange(len(home), dtype=np.int64), cfg.walks)
+        pos, depth = start.copy(), np.zeros(len(start), np.int64)
+        cols = np.arange(t.width)
+        rows = np.arange(len(pos))
+        keys, depths = [], []
         for _step in range(cfg.walk_length):
-            need = [n for n in dict.fromkeys(pos) if n not in ranked]
-            if need:
-                for n, st in self.records(need).items():
-                    ranked[n] = self._info(st, cutoff).ranked
+            self._ensure(pos, cutoff)
             u = rng.random((len(pos), 2))
-            for j, here in enumerate(pos):
-                i = j // W
-                a = anchors[i]
-                info = self._walk_info(here, ranked)
-                if u[j, 0] < cfg.restart or info is None:
-                    pos[j], depth[j] = a, 0
-                    continue
-                names, cum = info
-                nb = names[min(len(names) - 1, bisect.bisect_left(cum, u[j, 1] * cum[-1]))]
-                pos[j], depth[j] = nb, depth[j] + 1
-                if nb != a:
-                    hops[i].setdefault(nb, depth[j])
-                    p = prio[i].get(nb, 0.0)
-                    prio[i][nb] = p + inc if not math.isinf(p) else p
+            n = t.top_len[pos]
+            last = np.maximum(n - 1, 0)
+            cum = t.cumulative[pos]
+            x = u[:, 1] * cum[rows, last]
+            # the first head entry whose cumulative importance reaches x (bisect_left)
+            pick = np.minimum(((cum < x[:, None]) & (cols < n[:, None])).sum(axis=1), last)
+            nb = t.top[pos, pick].astype(np.int64)
+            back = (u[:, 0] < cfg.restart) | (n == 0)
+            pos = np.where(back, start, nb)
+            depth = np.where(back, 0, depth + 1)
+            moved = ~back & (nb != start)
+            keys.append((view[moved] << 32) | nb[moved])
+            depths.append(depth[moved])
+        reached.visit(np.concatenate(keys), np.concatenate(depths), 1.0 / cfg.walks)
 
-    def _walk_info(self, node: str, ranked) -> tuple[list[str], list[float]] | None:
-        """Names and cumulative importance of a node's top 2 x fanout neighbours."""
-        hit = self._walk_cache.get(node)
-        r = ranked[node]
-        if hit is not None and hit[0] is r:
-            return hit[1]
-        opts = r[:self.cfg.fanout * 2]
-        out = None
-        if opts and opts[0][0] > 0:
-            out = ([n for _, n in opts], list(itertools.accumulate(v for v, _ in opts)))
-        self._walk_cache[node] = (r, out)
-        if len(self._walk_cache) > self._cache_size:
-            self._walk_cache.pop(next(iter(self._walk_cache)))
-        return out
+    def _build(self, anchors: list[str], cutoff: int, view: np.ndarray, node: np.ndarray,
+               hop: np.ndarray) -> list[View]:
+        """Views from the chosen nodes (by view, anchor first): their types, hops and stats,
+        and every edge between two nodes of a view, looked up pair by pair in the nodes'
+        neighbour-sorted edges (an edge both ends hold is taken from the one listed first)."""
+        t, m = self.table, self.cfg.max_nodes
+        b = len(anchors)
+        size = np.bincount(view, minlength=b)
+        bounds = np.r_[0, np.cumsum(size)]
+        local = np.arange(len(node)) - bounds[view]
+        grid = np.full((b, m), -1, np.int64)
+        grid[view, local] = np.arange(len(node))               # view, local -> chosen row
 
-    def _build(self, anchor: str, cutoff: int, nodes: list[str], hops: dict[str, int],
-               states: dict[str, NodeState | None]) -> View:
-        local = {n: j for j, n in enumerate(nodes)}
-        infos = [self._info(states.get(n), cutoff) for n in nodes]
-        edges: dict[tuple[int, int, int], tuple[float, int]] = {}
-        for j, info in enumerate(infos):
-            by_nbr = info.by_nbr
-            # C-level intersection instead of n x n lookups; an edge is seen from both ends
-            # (both records hold it, unless one evicted it): the first one kept
-            for other in by_nbr.keys() & local.keys():
-                k = local[other]
-                for action, d, wt, dt in by_nbr[other]:
-                    key = (j, k, action) if d == OUT else (k, j, action)
-                    if key not in edges:
-                        edges[key] = (wt, dt)
-        # sorted: set order follows the per-process string hash, edge order must not
-        keys = sorted(edges)
-        vals = [edges[k] for k in keys]
-        return View(
-            anchor=anchor, cutoff=cutoff, nodes=tuple(nodes),
-            types=np.array(self.schema.model_type_codes(nodes), np.int16),
-            hop=np.array([min(hops.get(n, 0), MAX_HOP) for n in nodes], np.int8),
-            stats=np.array([info.stats for info in infos], np.float32).reshape(len(nodes), N_STATS),
-            edge_src=np.array([k[0] for k in keys], np.int32),
-            edge_dst=np.array([k[1] for k in keys], np.int32),
-            edge_action=np.array([k[2] for k in keys], np.int16),
-            edge_weight=np.array([v[0] for v in vals], np.float32),
-            edge_age=np.array([v[1] / 1000.0 for v in vals], np.float32),
-        )
+        # the edges of the chosen nodes between chosen nodes, one block per distinct node,
+        # sorted by (block, neighbour); one group per (block, neighbour block): the run of
+        # its edges (one per action and direction), found by a sparse block x block matrix
+        distinct, block = np.unique(node, return_inverse=True)
+        parts = [t.edges[i] for i in distinct.tolist()]
+        raw = np.concatenate(parts) if parts else np.zeros((0, EDGE_DTYPE.itemsize), np.uint8)
+        edges = raw.view(EDGE_DTYPE).reshape(len(raw))
+        lengths = np.fromiter(map(len, parts), np.int64, len(parts))
+        to_block = np.full(len(t), -1, np.int64)
+        to_block[distinct] = np.arange(len(distinct))
+        nbr_block = to_block[edges["nbr"]]
+        among = nbr_block >= 0
+        edges, nbr_block = edges[among], nbr_block[among]
+        own_block = np.repeat(np.arange(len(parts), dtype=np.int64), lengths)[among]
+        # distinct ids ascend, so (block, neighbour id) order is (block, neighbour block) order
+        starts = np.r_[True, (own_block[1:] != own_block[:-1]) | (nbr_block[1:] != nbr_block[:-1])] \
+            if len(edges) else np.zeros(0, bool)
+        group_start = np.flatnonzero(starts)
+        group_len = np.diff(np.r_[group_start, len(edges)])
+        groups = scipy.sparse.csr_matrix(
+            (np.arange(1, len(group_start) + 1), nbr_block[group_start],
+             np.r_[0, np.cumsum(np.bincount(own_block[group_start], minlength=len(parts) + 1))]),
+            shape=(len(parts) + 1, len(parts) + 1))
+
+        # every ordered pair (j, k) of a view, self pairs included, looked up in j's edges;
+        # j's taken block by block, so that the lookups walk the matrix in order; an empty
+        # place of a view reads as block `len(parts)`, a row and column without groups
+        by_block = np.argsort(block, kind="stable")
+        grid_block = np.where(grid >= 0, block[np.maximum(grid, 0)], len(parts))
+        found = np.asarray(groups[np.repeat(block[by_block], m),
+                                  grid_block[view[by_block]].ravel()]).ravel()
+        at_pair = np.flatnonzero(found)
+        g = found[at_pair] - 1
+        j_row = by_block[at_pair // m]
+        k_row = grid[view[j_row], at_pair % m]
+        lo, count = group_start[g], group_len[g]
+        pair = np.repeat(np.arange(len(lo)), count)
+        at = np.repeat(lo - np.cumsum(np.r_[0, count[:-1]]), count) + np.arange(len(pair))
+        j, k = local[j_row[pair]], local[k_row[pair]]
+        out = edges["dir"][at] == OUT
+        action = edges["action"][at].astype(np.int64)
+        src, dst = np.where(out, j, k), np.where(out, k, j)
+        v = view[j_row[pair]]
+        # one edge per (view, src, dst, action), from the end listed first (lowest j); in
+        # that order: one int64 key, 8 bits per local index and action, the view above
+        key = (((v << 8 | src) << 8 | dst) << 8 | action) << 8 | j
+        order = np.argsort(key)
+        key = key[order] >> 8
+        first = np.r_[True, key[1:] != key[:-1]] if len(key) else np.zeros(0, bool)
+        order = order[first]
+        v, src, dst, at = v[order], src[order], dst[order], at[order]
+        e = edges[at]
+        e_bounds = np.r_[0, np.cumsum(np.bincount(v, minlength=b))]
+
+        names = [t.names[i] for i in node.tolist()]
+        types = t.types[node].astype(np.int16)
+        hops = np.minimum(hop, MAX_HOP).astype(np.int8)
+        stats = t.stats[node]
+        src, dst = src.astype(np.int32), dst.astype(np.int32)
+        action, weight, age = e["action"].astype(np.int16), e["weight"].copy(), e["age"].copy()
+        views = []
+        for i, a in enumerate(anchors):
+            p, q, r, s = bounds[i], bounds[i + 1], e_bounds[i], e_bounds[i + 1]
+            views.append(View(anchor=a, cutoff=cutoff, nodes=tuple(names[p:q]), types=types[p:q],
+                              hop=hops[p:q], stats=stats[p:q], edge_src=src[r:s],
+                              edge_dst=dst[r:s], edge_action=action[r:s],
+                              edge_weight=weight[r:s], edge_age=age[r:s]))
+        return views
 
 
-@dataclass(frozen=True)
-class _NodeInfo:
-    ranked: list            # [(importance, neighbour)] heaviest first
-    by_nbr: dict            # neighbour -> [(action code, direction, weight at cutoff, age ms)]
-    stats: tuple            # N_STATS floats
+class _Reached:
+    """The nodes each view has reached so far: sorted keys (view << 32 | node) with their
+    priority (0: none yet; inf: the anchor) and the hop at which they were first reached."""
 
+    def __init__(self, view: np.ndarray, home: np.ndarray) -> None:
+        self.view = view
+        keys = (view << 32) | home
+        self.keys = keys                      # one anchor per view, views ascending: sorted
+        self.prio = np.full(len(keys), np.inf)
+        self.hop = np.zeros(len(keys), np.int64)
 
-_EMPTY = _NodeInfo([], {}, (0.0,) * N_STATS)
+    def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.searchsorted(self.keys, keys)
+        found = np.zeros(len(keys), bool)
+        inside = idx < len(self.keys)
+        found[inside] = self.keys[idx[inside]] == keys[inside]
+        return idx, found
+
+    def _insert(self, keys: np.ndarray, prio: np.ndarray, hop: np.ndarray) -> None:
+        k = np.concatenate([self.keys, keys])
+        order = np.argsort(k, kind="stable")
+        self.keys = k[order]
+        self.prio = np.concatenate([self.prio, prio])[order]
+        self.hop = np.concatenate([self.hop, hop])[order]
+
+    def priority(self, view: np.ndarray, node: np.ndarray) -> np.ndarray:
+        idx, found = self._find((view << 32) | node)
+        return np.where(found, self.prio[np.minimum(idx, len(self.keys) - 1)], 0.0)
+
+    def expand(self, view: np.ndarray, node: np.ndarray, score: np.ndarray,
+               hop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Neighbours reached at `hop` with these scores: priorities rise to the best score,
+        new nodes enter at this hop; returns the new ones (the next frontier)."""
+        keys = (view << 32) | node
+        order = np.lexsort((-score, keys))
+        keys, score = keys[order], score[order]
+        best = np.r_[True, keys[1:] != keys[:-1]] if len(keys) else np.zeros(0, bool)
+        keys, score = keys[best], score[best]
+        idx, found = self._find(keys)
+        at = idx[found]
+        self.prio[at] = np.maximum(self.prio[at], score[found])
+        new = keys[~found]
+        self._insert(new, score[~found], np.full(len(new), hop, np.int64))
+        return new >> 32, new & 0xFFFFFFFF
+
+    def visit(self, keys: np.ndarray, depth: np.ndarray, inc: float) -> None:
+        """Walk visits in the order they happened: a node not reached before enters at the
+        depth of its first visit; each visit adds `inc` to the priority (one addition per
+        visit, as a walk would)."""
+        if not len(keys):
+            return
+        keys, first, count = np.unique(keys, return_index=True, return_counts=True)
+        _, found = self._find(keys)
+        self._insert(keys[~found], np.zeros(int((~found).sum())), depth[first[~found]])
+        idx, _ = self._find(keys)
+        prio = self.prio[idx]
+        for c in range(1, int(count.max()) + 1):
+            more = count >= c
+            prio[more] += inc
+        self.prio[idx] = prio
+
+    def choose(self, k: int, table: AdjacencyTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per view, the anchor and then the `k` nodes of highest priority (ties by name),
+        as (view, node, hop) rows ordered by view."""
+        view, node = self.keys >> 32, self.keys & 0xFFFFFFFF
+        anchor = np.isinf(self.prio)
+        cand = ~anchor & (self.prio > 0)
+        v, n, p, h = view[cand], node[cand], self.prio[cand], self.hop[cand]
+        order = table.order_by(v, p, n)
+        v, n, h = v[order], n[order], h[order]
+        start = np.searchsorted(v, np.arange(len(self.view)))
+        keep = np.arange(len(v)) - start[v] < k
+        v = np.concatenate([view[anchor], v[keep]])
+        order = np.argsort(v, kind="stable")                # anchor first within each view
+        return (v[order], np.concatenate([node[anchor], n[keep]])[order],
+                np.concatenate([self.hop[anchor], h[keep]])[order])

@@ -94,26 +94,31 @@ def test_deferred_invalidation_samples_the_new_state_and_frees_on_release(tmp_pa
         assert later._retired == []
 
 
-def test_node_info_matches_its_definition_edge_by_edge(tmp_path):
+def test_table_rows_match_their_definition_edge_by_edge(tmp_path):
     """What sampling knows of a node as of a cutoff, restated one edge at a time: only edges
     that existed then, weights decayed to it, each neighbour ranked by its best edge's
-    |weight| x recency (ties by name, only the head kept), rows per neighbour, degrees, and
-    the recent-edges stat (each edge's recency summed)."""
+    |weight| x recency (ties by name, descending; only the head kept), the edges sorted by
+    neighbour, degrees, and the recent-edges stat (each edge's recency summed)."""
     import math
 
+    from hirflow.state.adjacency_table import EDGE_DTYPE
     from hirflow.state.node import IN, OUT
     rng = np.random.default_rng(3)
     schema = SchemaConfig()
     with GraphStore(tmp_path, schema, 4) as store:
         apply_direct(store, world(rng, 8, 30, 1500), GraphConfig(path=str(tmp_path)))
         sampler = ViewSampler(store.reader, schema, STUDENT)
+        table = sampler.table
         rates = {a: spec.decay_rate for a, spec in schema.all_actions.items()}
         codes = schema.action_codes()
         rec = math.log(2) / (STUDENT.recency_half_life_s * 1000.0)
+        nodes = [f"user:{i}" for i in range(8)] + ["ad:3"]
         for cutoff in (T0 + 3 * DAY, T0 + 15 * DAY, T0 + 40 * DAY):
-            for s in store.reader.states([f"user:{i}" for i in range(8)] + ["ad:3"]):
-                info = sampler._compute(s, cutoff)
-                best, rows, deg, recent = {}, {}, {OUT: 0, IN: 0}, 0.0
+            states = store.reader.states(nodes)
+            ids = table.intern(nodes)
+            table.compute(ids, states, cutoff)
+            for s, i in zip(states, ids):
+                best, rows, deg, recent = {}, [], {OUT: 0, IN: 0}, 0.0
                 for (nbr, action, d), (w, tref, _, first) in s.edges.items():
                     if first > cutoff:
                         continue
@@ -123,15 +128,24 @@ def test_node_info_matches_its_definition_edge_by_edge(tmp_path):
                     recent += math.exp(-rec * dt)
                     if imp > best.get(nbr, 0.0):
                         best[nbr] = imp
-                    rows.setdefault(nbr, []).append((codes[action], d, wt, dt))
+                    rows.append((nbr, codes[action], d, wt, dt / 1000.0))
                     deg[d] += 1
-                want = sorted(((v, n) for n, v in best.items()), reverse=True)[:2 * STUDENT.fanout]
-                head = info.ranked[:len(want)]            # only the head is ever read
-                assert [n for _, n in head] == [n for _, n in want]
-                assert np.allclose([v for v, _ in head], [v for v, _ in want], rtol=1e-12)
-                assert info.by_nbr.keys() == rows.keys()
-                for nbr, got in info.by_nbr.items():
-                    assert [r[:2] + (r[3],) for r in got] == [r[:2] + (r[3],) for r in rows[nbr]]
-                    assert np.allclose([r[2] for r in got], [r[2] for r in rows[nbr]], rtol=1e-12)
-                assert info.stats[1] == math.log1p(deg[OUT]) and info.stats[2] == math.log1p(deg[IN])
-                assert math.isclose(info.stats[6], math.log1p(recent), rel_tol=1e-12)
+                want = sorted(((v, n) for n, v in best.items()), reverse=True)[:table.width]
+                n_top = table.top_len[i]
+                assert n_top == len(want)
+                assert [table.names[x] for x in table.top[i, :n_top]] == [n for _, n in want]
+                assert np.allclose(table.importance[i, :n_top], [v for v, _ in want], rtol=1e-12)
+                assert np.allclose(table.cumulative[i, :n_top], np.cumsum([v for v, _ in want]), rtol=1e-12)
+                got = table.edges[i].view(EDGE_DTYPE).reshape(-1)
+                names = [table.names[x] for x in got["nbr"]]
+                assert names == sorted(names, key=table.ids.__getitem__)      # by neighbour
+                got_rows = sorted(zip(names, got["action"].tolist(), got["dir"].tolist()))
+                assert got_rows == sorted((r[0], r[1], r[2]) for r in rows)
+                by_key = {(r[0], r[1], r[2]): r for r in rows}
+                for n, a, d, w, age in zip(names, got["action"], got["dir"], got["weight"], got["age"]):
+                    r = by_key[(n, int(a), int(d))]
+                    assert np.isclose(w, r[3], rtol=1e-6) and np.isclose(age, r[4], rtol=1e-6)
+                st = table.stats[i]
+                assert np.isclose(st[1], math.log1p(deg[OUT])) and np.isclose(st[2], math.log1p(deg[IN]))
+                assert np.isclose(st[6], math.log1p(recent), rtol=1e-6)
+                assert st[0] == np.float32(math.log1p(s.events))
