@@ -20,7 +20,7 @@ import torch
 
 from hirflow.state.views import FREQUENT_STAT, N_STATS, View
 
-SEQ_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+SEQ_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 HOP_BUCKETS = 16    # hop embeddings: 0..14 exact, 15 = "15 hops or more" (views store up to
                     # `state.views.MAX_HOP`)
 _P = (1 << 31) - 1
@@ -214,9 +214,18 @@ class PackedBatch:
         return len(self.view_sizes)
 
     def to(self, device) -> "PackedBatch":
-        kw = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
-              for k, v in self.__dict__.items()}
-        return PackedBatch(**kw)
+        """The batch on `device`. To a GPU through page-locked memory: the copies then run
+        asynchronously (one synchronisation when the results come back) instead of staging
+        each tensor through a pageable buffer."""
+        device = torch.device(device)
+        pin = device.type == "cuda"
+
+        def moved(v: torch.Tensor) -> torch.Tensor:
+            if pin and v.device.type == "cpu":
+                v = v.pin_memory()
+            return v.to(device, non_blocking=True)
+        return PackedBatch(**{k: moved(v) if isinstance(v, torch.Tensor) else v
+                              for k, v in self.__dict__.items()})
 
     @classmethod
     def from_arrays(cls, arrays: Mapping) -> "PackedBatch":
