@@ -20,6 +20,7 @@ from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
 from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
 from hirflow.state.index import NO_PRIMITIVE
 from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map
+from hirflow.state.view_pool import PreparedParts
 from hirflow.state.views import View
 
 COLD_MODEL_ID = "cold-start"
@@ -104,11 +105,18 @@ class ServingModel:
 
     @torch.no_grad()
     def encode(self, views: Sequence[View], knowledge: Mapping[str, np.ndarray],
-               prepared: tuple[PackConfig, dict] | None = None):
+               prepared: "tuple[PackConfig, dict] | PreparedParts | None" = None):
         """`prepared`: a `Packer`'s output for these views, used when packed with this
-        model's config (a batch sampled before a hot swap is packed again here)."""
+        model's config (a batch sampled before a hot swap is packed again here), or the
+        outputs for consecutive parts of them (`state.view_pool`), encoded part by part."""
         if self.cold is not None:
             return self.cold.encode([v.anchor for v in views], knowledge)
+        if isinstance(prepared, PreparedParts):     # packed in parts by several processes
+            out, at = [], 0
+            for n, part in zip(prepared.sizes, prepared.parts):
+                out.append(self.encode(views[at:at + n], knowledge, part))
+                at += n
+            return tuple(np.concatenate(x) for x in zip(*out))
         model = self.encoder
         if prepared is not None and prepared[0] == model.cfg.pack:
             b = PackedBatch.from_arrays(prepared[1]).to(model.device)

@@ -70,6 +70,24 @@ class EdgeColumns:
                    action=np.fromiter(map(codes.__getitem__, acts), np.int16, len(acts)),
                    w=np.array(w, np.float64), t_ref=np.array(t, np.int64))
 
+    @classmethod
+    def concat(cls, parts: Sequence["EdgeColumns"]) -> "EdgeColumns":
+        """The columns of all `parts`' nodes, in order (as if built from them at once)."""
+        if len(parts) == 1:
+            return parts[0]
+        names = tuple(dict.fromkeys(n for p in parts for n in p.names))
+        pos = dict(zip(names, range(len(names))))
+        offsets = np.cumsum([0] + [int(p.bounds[-1]) for p in parts[:-1]])
+        return cls(nodes=tuple(n for p in parts for n in p.nodes),
+                   present=np.concatenate([p.present for p in parts]),
+                   bounds=np.concatenate([[0]] + [p.bounds[1:] + o for p, o in zip(parts, offsets)]).astype(np.int64),
+                   names=names,
+                   nbr=np.concatenate([np.fromiter(map(pos.__getitem__, p.names), np.int32, len(p.names))[p.nbr]
+                                       for p in parts]).astype(np.int32),
+                   action=np.concatenate([p.action for p in parts]).astype(np.int16),
+                   w=np.concatenate([p.w for p in parts]).astype(np.float64),
+                   t_ref=np.concatenate([p.t_ref for p in parts]).astype(np.int64))
+
     def __len__(self) -> int:
         return len(self.nodes)
 

@@ -1,25 +1,24 @@
 """Where the refresh loop's views are sampled: in its own process, or in a child process that
 reads a read-only follower of the store.
 
-A worker's ingest and refresh threads share one interpreter lock, and pure-Python view
-sampling is a large part of a refresh: in the worker's own process it would hold that lock
-while another core stands idle. `ViewProcess` moves sampling
-to a child (`python -m hirflow.state.view_source`) that follows the store as a RocksDB secondary
-instance and catches up before each request, so it reads everything the worker committed
-before it asked. Both sources have the same `submit` / `result` interface: the refresh loop
+A worker's ingest and refresh threads share one interpreter lock, and view sampling is a
+large part of a refresh: in the worker's own process it would hold that lock while another
+core stands idle. `ViewProcess` moves sampling to a child (`python -m
+hirflow.state.view_source`) that follows the store as a RocksDB secondary instance and
+catches up before each request, so it reads everything the worker committed before it asked. Both sources have the same `submit` / `result` interface: the refresh loop
 submits the next batch and encodes the current one while the child samples. A request may
 carry a `prepare` callable that the child runs on the views too: the refresh loop has it
 pack them for its encoder (`encoder.batching.Packer`), also work that would otherwise hold
 the lock.
 
-Wire format (pickled messages over a socket pair, `_Channel`): the parent sends the
-set-up dict, then `(ticket, ids, cutoff, prepare)` per request and `None` to stop; the child
-answers `("ready", pid)` or `("error", message)`, then `(ticket, "ok", columns, ids, vectors,
-seconds, prepared, edges)` or `(ticket, "error", traceback)`. Views travel as columns (each field of
-all views concatenated, plus their sizes) and world-knowledge vectors as one matrix: a few
+Wire format (pickled messages over a socket pair, `_Channel`): the parent sends the set-up
+dict, then a `SampleRequest` per request and `None` to stop; the child answers `("ready",
+pid)` or `("error", message)`, then a `SampleReply` per request. Views travel as columns
+(each field of all views concatenated, plus their sizes) and world-knowledge vectors as one matrix: a few
 arrays instead of thousands of small ones to pickle and unpickle, the latter under the
 worker's lock. The anchors' adjacencies come along as `state.edge_columns.EdgeColumns`
 (for the super-graph and the neighbour queue): the child decoded those records anyway.
+Several children sample one batch together in `state.view_pool.ViewPool`.
 """
 from __future__ import annotations
 
@@ -70,11 +69,13 @@ class Sampled:
 
 
 class SampleRequest(NamedTuple):
-    """Parent -> sampling process: sample `ids` as of `cutoff`, then apply `prepare`."""
+    """Parent -> sampling process: forget the cached records of `changed` (None: of `ids`),
+    sample `ids` as of `cutoff`, then apply `prepare`."""
     ticket: int
     ids: list[str]
     cutoff: int
     prepare: Prepare | None
+    changed: list[str] | None = None
 
 
 class SampleReply(NamedTuple):
@@ -101,25 +102,27 @@ class LocalViews:
         self.codes = schema.action_codes()
         self.defer_free = defer_free        # changed nodes' old records freed by `release()`
         self._tickets = itertools.count()
-        self._pending: dict[int, tuple[list[str], int, Prepare | None]] = {}
+        self._pending: dict[int, tuple[list[str], int, Prepare | None, list[str] | None]] = {}
 
-    def sample(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> Sampled:
-        """Views of `ids` as of `cutoff` (their cached records dropped first: they changed),
-        the world-knowledge vectors of every node in them, `prepare(views, knowledge)` and
-        the adjacencies of `ids`."""
+    def sample(self, ids: list[str], cutoff: int, prepare: Prepare | None = None,
+               changed: list[str] | None = None) -> Sampled:
+        """Views of `ids` as of `cutoff` (the cached records of `changed`, default `ids`,
+        dropped first: they changed), the world-knowledge vectors of every node in them,
+        `prepare(views, knowledge)` and the adjacencies of `ids`."""
         t0 = time.perf_counter()
         if self.store.follower:
             self.store.catch_up()
-        self.sampler.invalidate(ids, defer_free=self.defer_free)
+        self.sampler.invalidate(ids if changed is None else changed, defer_free=self.defer_free)
         views = self.sampler.sample(ids, cutoff)
         know = self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
         prepared = prepare(views, know) if prepare is not None and views else None
         edges = EdgeColumns.from_states(ids, self.sampler.records(ids), self.codes)
         return Sampled(views, know, time.perf_counter() - t0, prepared, edges)
 
-    def submit(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> int:
+    def submit(self, ids: list[str], cutoff: int, prepare: Prepare | None = None,
+               changed: list[str] | None = None) -> int:
         ticket = next(self._tickets)
-        self._pending[ticket] = (list(ids), cutoff, prepare)
+        self._pending[ticket] = (list(ids), cutoff, prepare, changed)
         return ticket
 
     def result(self, ticket: int) -> Sampled:
@@ -193,10 +196,10 @@ class ViewProcess:
     """Samples in a child process on a follower of `store` (which this process has open)."""
 
     def __init__(self, store: GraphStore, schema: SchemaConfig, config: ViewConfig, seed: int,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, name: str = "follower") -> None:
         # the follower's own files (RocksDB's info log) beside the store: one fixed place
         # per store, cleared at start, so a killed worker leaves nothing behind elsewhere
-        self._dir = store.path.resolve().with_name(store.path.resolve().name + ".follower")
+        self._dir = store.path.resolve().with_name(f"{store.path.resolve().name}.{name}")
         shutil.rmtree(self._dir, ignore_errors=True)
         ours, theirs = socket.socketpair()
         try:
@@ -232,10 +235,11 @@ class ViewProcess:
         except (EOFError, OSError):
             raise self._exited() from None
 
-    def submit(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> int:
+    def submit(self, ids: list[str], cutoff: int, prepare: Prepare | None = None,
+               changed: list[str] | None = None) -> int:
         ticket = next(self._tickets)
         try:
-            self.conn.send(SampleRequest(ticket, list(ids), cutoff, prepare))
+            self.conn.send(SampleRequest(ticket, list(ids), cutoff, prepare, changed))
         except OSError:
             raise self._exited() from None
         return ticket
@@ -287,7 +291,7 @@ def _serve(conn: _Channel) -> None:
                 break
             req: SampleRequest = msg
             try:
-                got = views.sample(req.ids, req.cutoff, req.prepare)
+                got = views.sample(req.ids, req.cutoff, req.prepare, req.changed)
                 keys = list(got.knowledge)
                 vectors = np.stack([got.knowledge[k] for k in keys]) if keys else None
                 reply = SampleReply(req.ticket, None, to_columns(got.views), keys, vectors,

@@ -81,7 +81,9 @@ class RefreshConfig:
                                         # than the serving one (else it is refused)
     device: str = "auto"                # auto (CUDA when present), cpu, cuda
     cpu_threads: int = 1                # torch + faiss threads on CPU (0: one per core)
-    sample_process: bool = True         # sample views in a child process (a store follower)
+    sample_process: bool = True         # sample views in child processes (store followers)
+    sample_processes: int = 0           # how many, each sampling part of every batch
+                                        # (0: one per two available cores, 1 to 8)
     seed: int = 0                       # seed of the view sampler's random walks
 
     def __post_init__(self) -> None:
@@ -93,6 +95,8 @@ class RefreshConfig:
                              "must be >= 0, swap_rate > 0")
         if self.cpu_threads < 0:
             raise ValueError("refresh.cpu_threads must be >= 0")
+        if self.sample_processes < 0:
+            raise ValueError("refresh.sample_processes must be >= 0 (0: from the cores available)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"refresh.device must be auto, cpu or cuda, got {self.device!r}")
 

@@ -7,12 +7,13 @@ stage records), `TokenOutbox` (produce and confirm token changes), `NeighborQueu
 (neighbours to refresh within a rate budget), `HotSwapBuild` (build, switch, announce) and
 `ServingSnapshot` (what queries read).
 
-Views are sampled a batch ahead, by default in a child process on a follower of the store
-(`state.view_source`, `refresh.sample_process`): while this thread encodes and writes batch
-k, the child samples batch k+1, which was claimed when k's views arrived, and packs it for
-the model in use (`ServingModel.packer`). The child also returns the adjacencies of the
-records it sampled from (`Sampled.edges`); the super-graph rows and the neighbour queue are
-made from those, so this thread decodes no node record.
+Views are sampled a batch ahead, by default in child processes on followers of the store
+(`state.view_source`, `state.view_pool`, `refresh.sample_process` and `sample_processes`:
+each child samples a consecutive part of every batch): while this thread encodes and writes
+batch k, the children sample batch k+1, which was claimed when k's views arrived, and pack
+it for the model in use (`ServingModel.packer`). The children also return the adjacencies
+of the records they sampled from (`Sampled.edges`); the super-graph rows and the neighbour
+queue are made from those, so this thread decodes no node record.
 
 Crash safety, in order:
 1. claim durable dirty nodes (`GraphWriter.claim_dirty`), encode them;
@@ -37,11 +38,13 @@ from hirflow.encoder.serving import ServingModel, default_device, set_cpu_thread
 from hirflow.state.graph import GraphStore
 from hirflow.state.index import ACTIVE_KEY, TokenIndex
 from hirflow.state.supergraph import SuperGraph
-from hirflow.state.view_source import LocalViews, Sampled, ViewProcess
+from hirflow.state.view_pool import ViewPool
+from hirflow.state.view_source import LocalViews, Sampled
 from hirflow.state.views import STUDENT
 from hirflow.state.writer import GraphWriter
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
+from hirflow.streams.cores import default_sample_processes
 from hirflow.streams.generation_writer import GenerationWriter
 from hirflow.streams.hot_swap_build import HotSwapBuild
 from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_GENERATION, INDEX_NODES, MODEL_INFO,
@@ -85,8 +88,11 @@ class RefreshLoop:
                                   topics.token_changes)
         self.neighbors = NeighborQueue(self.rcfg.neighbors_per_node, self.rcfg.neighbor_rate)
         self.generations = GenerationWriter(self.index, self.supergraph)
-        view_source = ViewProcess if self.rcfg.sample_process else LocalViews
-        self.views = view_source(store, cfg.schema, STUDENT, self.rcfg.seed)
+        if self.rcfg.sample_process:
+            processes = self.rcfg.sample_processes or default_sample_processes()
+            self.views = ViewPool(store, cfg.schema, STUDENT, self.rcfg.seed, processes)
+        else:
+            self.views = LocalViews(store, cfg.schema, STUDENT, self.rcfg.seed)
         self.swap = HotSwapBuild(self.rcfg, store, self.index, self.supergraph, self.views,
                                  self.generations, self.outbox, self._load, self.types)
         self.stop = threading.Event()

@@ -1,5 +1,7 @@
 """Edge columns carry every edge of each record, in the record's order, and nothing else."""
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.node import IN, OUT, NodeState
@@ -38,3 +40,23 @@ def test_heaviest_ranks_by_absolute_weight_with_ties_in_record_order():
     assert cols.heaviest(0, 10) == ["ad:2", "ad:1", "ad:3", "ad:4"]
     empty = EdgeColumns.from_states(["x:1"], {}, CODES)
     assert empty.heaviest(0, 3) == [] and len(empty.nbr) == 0 and empty.w.dtype == np.float64
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 6), st.sampled_from(sorted(CODES)),
+                                   st.sampled_from([IN, OUT]), st.floats(-5, 5), st.integers(0, 99)),
+                         max_size=6), max_size=8),
+       st.data())
+def test_columns_of_parts_joined_equal_the_columns_of_the_whole(records, data):
+    states = {f"n:{i}": state(f"n:{i}", [(f"m:{nb}", a, d, w, t) for nb, a, d, w, t in edges])
+              for i, edges in enumerate(records)}
+    nodes = list(states) + ["n:absent"]
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(nodes)), max_size=3)))
+    bounds = [0] + cuts + [len(nodes)]
+    parts = [EdgeColumns.from_states(nodes[a:b], states, CODES) for a, b in zip(bounds[:-1], bounds[1:])]
+    whole = EdgeColumns.from_states(nodes, states, CODES)
+    joined = EdgeColumns.concat(parts)
+    assert joined.nodes == whole.nodes and joined.names == whole.names
+    for f in ("present", "bounds", "nbr", "action", "w", "t_ref"):
+        got, want = getattr(joined, f), getattr(whole, f)
+        assert got.dtype == want.dtype and np.array_equal(got, want), f

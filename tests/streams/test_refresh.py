@@ -281,6 +281,30 @@ def test_sampling_in_the_refresh_thread_gives_the_same_pipeline(cfg, tiny_world)
         store.close()
 
 
+def test_two_sampling_processes_share_each_batch_and_encode_as_one(cfg, tiny_world, tiny_checkpoints):
+    """`refresh.sample_processes: 2`: each batch is sampled in two parts, packed where it was
+    sampled and encoded part by part; the embeddings are those of encoding the whole batch's
+    views at once, and the pipeline settles as with one process."""
+    from hirflow.state.view_pool import PreparedParts, ViewPool
+    cfg = replace_section(cfg, "refresh", sample_processes=2, checkpoint=str(tiny_checkpoints[1]))
+    store, writer, loop = loop_over(cfg, tiny_world[:300])
+    try:
+        assert isinstance(loop.views, ViewPool) and len(loop.views) == 2
+        ids = sorted(store.reader.node_ids())[:120]
+        sampled = loop.views.sample(ids, max(e.ts for e in tiny_world[:300]), loop.active.packer)
+        assert isinstance(sampled.prepared, PreparedParts) and len(sampled.prepared.parts) == 2
+        parts = loop.active.encode(sampled.views, sampled.knowledge, sampled.prepared)
+        whole = loop.active.encode(sampled.views, sampled.knowledge, None)
+        assert np.allclose(parts[0], whole[0], atol=1e-5)
+        assert np.array_equal(parts[1], whole[1])
+        settle(loop)
+        assert loop.refreshed and not store.reader.dirty() and not writer.dirty
+        assert_index_matches_state(loop)
+    finally:
+        loop.close()
+        store.close()
+
+
 def test_spent_idle_nodes_expire_with_their_index_entries_and_come_back_with_the_next_seq(
         cfg, tiny_world, tiny_checkpoints):
     """Retention: nodes idle for `expire_after_days` whose edges have all decayed leave the
