@@ -1,7 +1,11 @@
 """Freshness benchmark: event produced -> token change received by a subscriber.
 
-Starts the embedded broker and a real worker process (refresh on; `--checkpoint` to serve a
-trained model, else cold start), streams one synthetic world at fixed rates, one phase per
+Starts the embedded broker and a real worker process (refresh on) serving a trained model:
+`--checkpoint DIR`, else a small one trained here first on the start of the same synthetic
+world (`--train-events`, `--train-steps` optimiser steps per day of it; kept in
+var/bench/freshness-model/ and reused while its recipe is the same): the cold-start model's
+tokens change only for new nodes, so it would measure nothing of freshness under load
+(`--cold-start` measures it anyway). Streams one synthetic world at fixed rates, one phase per
 rate after a warm-up that takes the world's catalog burst, with event time = production time,
 and measures per token change `received - event_ts` in a subscriber, for all changes and for
 endpoint changes alone (nodes the event touched; the rest are neighbour refreshes paced by
@@ -22,6 +26,7 @@ refreshed node grows with them at first; `--prefill` streams that many events fi
 as the worker takes them, so the phases run on a grown graph rather than a young one.
 
     python bench/freshness.py [--quick] [--rates 1000,2000,5000] [--seconds 120] [--checkpoint DIR]
+                              [--cold-start] [--train-events 40000] [--train-steps 20]
                               [--warmup 30] [--linger-ms 20] [--partitions 1] [--prefill 0]
 
 Writes var/bench/freshness.png and keeps the broker's and the worker's logs beside it
@@ -58,6 +63,30 @@ from hirflow.streams.topics import Topics, ensure_topics  # noqa: E402
 from hirflow.streams.worker_process import WorkerProcess  # noqa: E402
 
 POLL_S = 0.005   # consumer poll timeout of the measuring clients (see `listen`)
+WORLD_SEED = 11  # the streamed world's; the model trained here learns the start of it
+
+
+def trained_here(events: int, steps_per_day: int, root: Path) -> Path:
+    """A small checkpoint of the default model trained on the first `events` engagements of
+    the bench's world (a week of them, at most `steps_per_day` steps per day, no world
+    knowledge: the worker runs without it), reused from `root` while the recipe is the same."""
+    from hirflow.encoder.model import EncoderConfig
+    from hirflow.state.events import Engagement
+    from hirflow.state.schema import SchemaConfig
+    from hirflow.trainer.train import TrainConfig, train
+    recipe = f"world{WORLD_SEED}-events{events}-steps{steps_per_day}"
+    marker = root / recipe / "checkpoint.txt"
+    if marker.exists() and Path(marker.read_text().strip()).is_dir():
+        return Path(marker.read_text().strip())
+    world = SynthWorld(SynthConfig(events=events, seed=WORLD_SEED, span_days=7))
+    engagements = [e for e in world.stream() if isinstance(e, Engagement)]
+    schema = SchemaConfig()
+    t = time.monotonic()
+    path = train(engagements, schema, EncoderConfig.for_schema(schema),
+                 TrainConfig(seed=0, max_steps_per_chunk=steps_per_day), root / recipe, progress=False)
+    marker.write_text(str(path.resolve()))
+    print(f"trained {path.name} on {len(engagements):,} events in {time.monotonic() - t:.0f} s", flush=True)
+    return path.resolve()
 WINDOW_S = 30.0  # event-time window of the per-window p99 in long phases
 
 
@@ -97,11 +126,13 @@ def kafka_alone(cfg: HirflowConfig, rate: float, seconds: float) -> list[float]:
     return lat
 
 
-def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase, pids):
+def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase, pids, drain_s=60.0):
     """Returns (latency ms per change, endpoint mask, (node, event_ts, latency, change ts)
     per change, refresh nodes/s, backlog samples, grows, refresh batch figures, CPU share per
     process group while the stream ran). `producer_cfg`: the config the events are produced
-    with (its producer linger); `pids`: name -> process ids whose CPU to measure.
+    with (its producer linger); `pids`: name -> process ids whose CPU to measure; `drain_s`:
+    longest wait after the stream for the refresh to go idle (the neighbour refreshes that
+    token moves queue drain at `refresh.neighbor_rate`), changes received meanwhile count.
 
     A change is an endpoint change when its node was touched by an event (an engagement's
     endpoint, an entity record) with exactly its `event_ts` (the node's oldest pending event)
@@ -143,7 +174,7 @@ def run_rate(cfg, producer_cfg, worker, stream, rate, seconds, phase, pids):
     elapsed = time.monotonic() - t0
     cpu = meter.shares()
     m_streamed = worker.metrics()                   # refresh batches while the stream ran
-    wait_idle(worker, 60)                           # the tail: until nothing is left to refresh
+    wait_idle(worker, drain_s)                      # the tail: until nothing is left to refresh
     stop.set()
     t.join()
     sub.close()
@@ -195,7 +226,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rates", default=None)
     ap.add_argument("--seconds", type=float, default=None)
-    ap.add_argument("--checkpoint", default="")
+    ap.add_argument("--checkpoint", default="", help="serve this checkpoint (default: one trained here)")
+    ap.add_argument("--cold-start", action="store_true",
+                    help="serve the cold-start model (no checkpoint): tokens change for new nodes only")
+    ap.add_argument("--train-events", type=int, default=None,
+                    help="events of the world the model trained here learns (default 40,000; 20,000 quick)")
+    ap.add_argument("--train-steps", type=int, default=None,
+                    help="most optimiser steps per day of them (default 20; 5 quick)")
     ap.add_argument("--linger-ms", type=int, default=UPSTREAM_LINGER_MS,
                     help="linger of the producer that streams the events (and of the Kafka-alone "
                          "peer): each linger window stores one more batch per partition in the "
@@ -208,15 +245,25 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds of stream at the first rate before measuring (compiles the "
                          "encoder's shape buckets; not counted)")
+    ap.add_argument("--drain-s", type=float, default=None,
+                    help="longest wait after each phase for the queued neighbour refreshes "
+                         "(default 60; 3 quick): their changes count in the all-changes figures")
     ap.add_argument("--prefill", type=int, default=0,
                     help="events streamed as fast as the worker takes them before the warm-up, "
                          "then applied and refreshed: the phases run on a grown graph rather "
                          "than a young one (480,000 take 10-12 s here)")
     a = ap.parse_args()
     rates = [float(r) for r in (a.rates or ("1000,2000" if a.quick else "1000,2000,5000")).split(",")]
-    seconds = a.seconds or (10 if a.quick else 120)
+    seconds = a.seconds or (8 if a.quick else 120)
     out_dir = Path("var/bench")
     out_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = a.checkpoint
+    if not checkpoint and not a.cold_start:
+        checkpoint = str(trained_here(a.train_events or (20_000 if a.quick else 40_000),
+                                      a.train_steps or (5 if a.quick else 20), out_dir / "freshness-model"))
+    model = Path(checkpoint).name if checkpoint else "cold-start"
+    drain_s = a.drain_s if a.drain_s is not None else (3.0 if a.quick else 60.0)
+    print(f"model: {model}" + (f" ({checkpoint})" if checkpoint else ""), flush=True)
     import tempfile
     logs = {name: out_dir / f"freshness-{name}.log" for name in ("broker", "worker")}
     for path in logs.values():                      # kept after the run, for a stall's cause
@@ -227,7 +274,7 @@ def main() -> None:
         ensure_topics(cfg.kafka, Topics())
         up = upstream(cfg, a.linger_ms)
         raw = np.array(kafka_alone(up, rates[0], min(seconds / 2, 10)))
-        env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": a.checkpoint,
+        env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": checkpoint,
                "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5"}
         worker = WorkerProcess(cfg, logs["worker"], env).start()
         try:
@@ -249,7 +296,7 @@ def main() -> None:
             # the world's clock runs at the first rate through the prefill (its events are
             # stamped when produced, so only the order of the world's drift depends on this)
             span_s = a.prefill / rates[0] + warmup + seconds * len(rates)
-            stream = SynthWorld(SynthConfig(events=total, seed=11, start_ms=int(time.time() * 1000),
+            stream = SynthWorld(SynthConfig(events=total, seed=WORLD_SEED, start_ms=int(time.time() * 1000),
                                             span_days=span_s / 86400)).stream()
             if a.prefill > 0:
                 t = time.monotonic()
@@ -262,7 +309,8 @@ def main() -> None:
                       f"{time.monotonic() - t:.0f} s{'' if drained else ' (not idle yet)'}; "
                       f"{m.get('hirflow_index_nodes', 0):,.0f} nodes in the index", flush=True)
             if warmup > 0:
-                lat = run_rate(cfg, up, worker, stream, rates[0], warmup, phase=0, pids={})[0]
+                lat = run_rate(cfg, up, worker, stream, rates[0], warmup, phase=0, pids={},
+                               drain_s=drain_s)[0]
                 print(f"warm-up: {warmup:.0f}s at {rates[0]:,.0f} ev/s, {len(lat)} changes "
                       f"(not counted)", flush=True)
             pids = {"broker": [broker.proc.pid], "worker": [worker.proc.pid],
@@ -270,7 +318,7 @@ def main() -> None:
             results = {}
             for i, rate in enumerate(rates):
                 lat, endpoint, mine, thr, backlog, grows, batches, cpu = run_rate(
-                    cfg, up, worker, stream, rate, seconds, phase=1 + i, pids=pids)
+                    cfg, up, worker, stream, rate, seconds, phase=1 + i, pids=pids, drain_s=drain_s)
                 event_ts = np.array([ts for _, ts, _, _ in mine])
                 drift = windowed_p99(event_ts[endpoint], lat[endpoint]) if seconds >= 2 * WINDOW_S else []
                 results[rate] = (lat, endpoint, thr, grows, batches, cpu, drift)
@@ -316,7 +364,8 @@ def main() -> None:
     figs = {"kafka_alone_p50_ms": {"value": round(float(rq[0]), 1), "unit": "ms"},
             "kafka_alone_p99_ms": {"value": round(float(rq[1]), 1), "unit": "ms"},
             "producer_linger_ms": {"value": a.linger_ms, "unit": "ms"},
-            "partitions": {"value": a.partitions, "unit": "partitions per keyed topic"}}
+            "partitions": {"value": a.partitions, "unit": "partitions per keyed topic"},
+            "model": model}
     for rate, (lat, endpoint, thr, grows, batches, cpu, drift) in results.items():
         q, qe = _pct(lat), _pct(lat[endpoint])
         r = int(rate)
