@@ -1,9 +1,9 @@
 """Freshness benchmark: event produced -> token change received by a subscriber.
 
 Starts the embedded broker and a real worker process (refresh on) serving a trained model:
-`--checkpoint DIR`, else a small one trained here first on the start of the same synthetic
-world (`--train-events`, `--train-steps` optimiser steps per day of it; kept in
-var/bench/freshness-model/ and reused while its recipe is the same): the cold-start model's
+`--checkpoint DIR`, else a small one trained here first on a world of the same generator
+and seed (`--train-events` events over a week, `--train-steps` optimiser steps per day of
+it; kept in var/bench/freshness-model/ and reused while its recipe is the same): the cold-start model's
 tokens change only for new nodes, so it would measure nothing of freshness under load
 (`--cold-start` measures it anyway). Streams one synthetic world at fixed rates, one phase per
 rate after a warm-up that takes the world's catalog burst, with event time = production time,
@@ -63,13 +63,14 @@ from hirflow.streams.topics import Topics, ensure_topics  # noqa: E402
 from hirflow.streams.worker_process import WorkerProcess  # noqa: E402
 
 POLL_S = 0.005   # consumer poll timeout of the measuring clients (see `listen`)
-WORLD_SEED = 11  # the streamed world's; the model trained here learns the start of it
+WORLD_SEED = 11  # the streamed world's; the model trained here learns a world of the same seed
 
 
 def trained_here(events: int, steps_per_day: int, root: Path) -> Path:
-    """A small checkpoint of the default model trained on the first `events` engagements of
-    the bench's world (a week of them, at most `steps_per_day` steps per day, no world
-    knowledge: the worker runs without it), reused from `root` while the recipe is the same."""
+    """A small checkpoint of the default model trained on a world of the bench's generator
+    and seed (`events` engagements over a week, at most `steps_per_day` steps per day, no
+    world knowledge: the worker runs without it), reused from `root` while the recipe is the
+    same."""
     from hirflow.encoder.model import EncoderConfig
     from hirflow.state.events import Engagement
     from hirflow.state.schema import SchemaConfig

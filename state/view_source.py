@@ -5,8 +5,9 @@ A worker's ingest and refresh threads share one interpreter lock, and view sampl
 large part of a refresh: in the worker's own process it would hold that lock while another
 core stands idle. `ViewProcess` moves sampling to a child (`python -m
 hirflow.state.view_source`) that follows the store as a RocksDB secondary instance and
-catches up before each request, so it reads everything the worker committed before it asked. Both sources have the same `submit` / `result` interface: the refresh loop
-submits the next batch and encodes the current one while the child samples. A request may
+catches up before each request, so it reads everything the worker committed before it
+asked. Both sources have the same `submit` / `result` interface: the refresh loop submits
+the next batch and encodes the current one while the child samples. A request may
 carry a `prepare` callable that the child runs on the views too: the refresh loop has it
 pack them for its encoder (`encoder.batching.Packer`), also work that would otherwise hold
 the lock.
@@ -14,9 +15,9 @@ the lock.
 Wire format (pickled messages over a socket pair, `_Channel`): the parent sends the set-up
 dict, then a `SampleRequest` per request and `None` to stop; the child answers `("ready",
 pid)` or `("error", message)`, then a `SampleReply` per request. Views travel as columns
-(each field of all views concatenated, plus their sizes) and world-knowledge vectors as one matrix: a few
-arrays instead of thousands of small ones to pickle and unpickle, the latter under the
-worker's lock. The anchors' adjacencies come along as `state.edge_columns.EdgeColumns`
+(each field of all views concatenated, plus their sizes) and world-knowledge vectors as one
+matrix: a few arrays instead of thousands of small ones to pickle and unpickle, the latter
+under the worker's lock. The anchors' adjacencies come along as `state.edge_columns.EdgeColumns`
 (for the super-graph and the neighbour queue): the child decoded those records anyway.
 Several children sample one batch together in `state.view_pool.ViewPool`.
 """
