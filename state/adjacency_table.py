@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hirflow.state.node import IN, OUT, NodeState
+from hirflow.state.node import IN, OUT, NodeState, edge_lists
 from hirflow.state.schema import SchemaConfig
 
 N_STATS = 7   # log1p(events), log1p(deg out), log1p(deg in), log1p(days since first seen),
@@ -127,31 +127,16 @@ class AdjacencyTable:
     def compute(self, ids: np.ndarray, states: Sequence[NodeState | None], cutoff: int) -> None:
         """Rows of `ids` (distinct) from their records `states` as of `cutoff`."""
         m = len(ids)
-        nbrs: list[str] = []
-        acts: list[str] = []
-        dirs: list[int] = []
-        w: list[float] = []
-        tref: list[int] = []
-        first: list[int] = []
-        counts = np.zeros(m, np.int64)
         events = np.zeros(m, np.float64)
         present = np.zeros(m, bool)
         seen = np.full((m, 2), np.nan)                   # first, last event time
         for i, s in enumerate(states):
-            if s is None:
-                continue
-            events[i], present[i] = s.events, True
-            seen[i] = (np.nan if s.first is None else s.first, np.nan if s.last is None else s.last)
-            if s.edges:
-                k = list(zip(*s.edges))
-                v = list(zip(*s.edges.values()))
-                nbrs += k[0]
-                acts += k[1]
-                dirs += k[2]
-                w += v[0]
-                tref += v[1]
-                first += v[3]
-                counts[i] = len(s.edges)
+            if s is not None:
+                events[i], present[i] = s.events, True
+                seen[i] = (np.nan if s.first is None else s.first, np.nan if s.last is None else s.last)
+        e = edge_lists(states)
+        nbrs, acts, dirs, w, tref, first = e.nbr, e.action, e.direction, e.w, e.t_ref, e.first
+        counts = np.array(e.counts, np.int64)
         owner = np.repeat(np.arange(m), counts)
         nbr = self.intern(nbrs)
         act = np.fromiter(map(self.codes.__getitem__, acts), np.int16, len(acts))

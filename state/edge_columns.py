@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from hirflow.state.node import NodeState
+from hirflow.state.node import NodeState, edge_lists
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,25 +42,10 @@ class EdgeColumns:
     def from_states(cls, nodes: Sequence[str], states: Mapping[str, NodeState | None],
                     codes: Mapping[str, int]) -> "EdgeColumns":
         """Columns of the records `states[n]` of `nodes`; `codes`: action -> code."""
-        nbr: list[str] = []
-        acts: list[str] = []
-        w: list[float] = []
-        t: list[int] = []
-        counts, present = [], []
-        for n in nodes:
-            s = states.get(n)
-            present.append(s is not None)
-            if s is None or not s.edges:
-                counts.append(0)
-                continue
-            # transposed per node by zip (C, not a Python step per edge)
-            k = list(zip(*s.edges))
-            v = list(zip(*s.edges.values()))
-            nbr += k[0]
-            acts += k[1]
-            w += v[0]
-            t += v[1]
-            counts.append(len(s.edges))
+        records = [states.get(n) for n in nodes]
+        e = edge_lists(records)
+        nbr, acts, w, t, counts = e.nbr, e.action, e.w, e.t_ref, e.counts
+        present = [s is not None for s in records]
         names = tuple(dict.fromkeys(nbr))
         pos = dict(zip(names, range(len(names))))
         return cls(nodes=tuple(nodes), present=np.array(present, bool),

@@ -13,7 +13,7 @@ sort runs once per `slack` new edges instead of once per event.
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 import msgspec
 
@@ -107,3 +107,36 @@ class NodeState:
         s.activity = dict(activity)
         s.edges = dict(edges)
         return s
+
+
+class EdgeLists(NamedTuple):
+    """Every edge of some records as parallel lists, record after record in each record's
+    own order, and how many edges each record gave."""
+    nbr: list[str]
+    action: list[str]
+    direction: list[int]
+    w: list[float]
+    t_ref: list[int]
+    first: list[int]
+    counts: list[int]
+
+
+def edge_lists(states: Iterable["NodeState | None"]) -> EdgeLists:
+    """The edges of `states` (None: a node without a record, no edges), each record's
+    transposed by `zip` (C, not a Python step per edge)."""
+    out = EdgeLists([], [], [], [], [], [], [])
+    for s in states:
+        if s is None or not s.edges:
+            out.counts.append(0)
+            continue
+        k = list(zip(*s.edges))
+        v = list(zip(*s.edges.values()))
+        out.nbr.extend(k[0])
+        out.action.extend(k[1])
+        out.direction.extend(k[2])
+        out.w.extend(v[0])
+        out.t_ref.extend(v[1])
+        out.first.extend(v[3])
+        out.counts.append(len(s.edges))
+    return out
+

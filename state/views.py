@@ -105,6 +105,38 @@ def cold_view(view: View) -> View:
                 edge_weight=np.zeros(0, np.float32), edge_age=np.zeros(0, np.float32))
 
 
+class RecordCache:
+    """Decoded node records by id: read in one multi-get when missing, the oldest forgotten
+    past `size`. A changed node's record is dropped; with `defer_free` only set aside until
+    `release()`: freeing a filled node's record (a few thousand small objects) is slow enough
+    to be worth doing after a reply has been sent."""
+
+    def __init__(self, reader: GraphReader, size: int) -> None:
+        self.reader = reader
+        self.size = size
+        self._records: OrderedDict[str, NodeState | None] = OrderedDict()
+        self.retired: list[NodeState | None] = []    # dropped records not freed yet
+
+    def get(self, ids: list[str]) -> dict[str, NodeState | None]:
+        records = self._records
+        missing = [n for n in dict.fromkeys(ids) if n not in records]
+        if missing:
+            for n, s in zip(missing, self.reader.states(missing)):
+                records[n] = s
+            while len(records) > self.size:
+                records.popitem(last=False)
+        return {n: records[n] for n in ids}
+
+    def drop(self, ids, defer_free: bool = False) -> None:
+        for n in ids:
+            record = self._records.pop(n, None)
+            if defer_free:
+                self.retired.append(record)
+
+    def release(self) -> None:
+        self.retired.clear()
+
+
 class ViewSampler:
     """Samples views from a `GraphReader` (or any object with `states(ids)`), a batch of
     anchors at a time: every step (expand a hop, move the walkers, choose, build) is a few
@@ -116,39 +148,24 @@ class ViewSampler:
         self.cfg = config
         self.schema = schema
         self.rng = np.random.default_rng(seed)
-        self._cache: OrderedDict[str, NodeState | None] = OrderedDict()
-        self._cache_size = cache_size
-        self._retired: list[NodeState | None] = []   # invalidated records not freed yet
+        self.cache = RecordCache(reader, cache_size)
         self.table = AdjacencyTable(schema, 2 * config.fanout, config.recency_half_life_s,
                                     config.min_events_frequent, rank_reuse_ms, limit=4 * cache_size)
 
     # -- reads ----------------------------------------------------------------------------
     def records(self, ids: list[str]) -> dict[str, NodeState | None]:
         """The records of `ids` that views are sampled from (cached; read when missing)."""
-        cache = self._cache
-        missing = [n for n in dict.fromkeys(ids) if n not in cache]
-        if missing:
-            for n, s in zip(missing, self.reader.states(missing)):
-                cache[n] = s
-            while len(cache) > self._cache_size:
-                cache.popitem(last=False)
-        return {n: cache[n] for n in ids}
+        return self.cache.get(ids)
 
     def invalidate(self, node_ids, defer_free: bool = False) -> None:
-        """Forget cached records of nodes whose state changed. With `defer_free` they are
-        only set aside until `release()`: freeing a filled node's records (a few thousand small
-        objects) is slow enough to be worth doing after the reply has been sent."""
+        """Forget what is cached of nodes whose state changed (`RecordCache.drop`)."""
         node_ids = list(node_ids)
-        cache = self._cache
-        for n in node_ids:
-            record = cache.pop(n, None)
-            if defer_free:
-                self._retired.append(record)
+        self.cache.drop(node_ids, defer_free)
         self.table.invalidate(node_ids)
 
     def release(self) -> None:
         """Free the records `invalidate(..., defer_free=True)` set aside."""
-        self._retired.clear()
+        self.cache.release()
 
     def _ensure(self, ids: np.ndarray, cutoff: int) -> None:
         """Table rows of `ids` that serve `cutoff`, computed from their records if needed."""

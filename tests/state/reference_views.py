@@ -18,7 +18,7 @@ import numpy as np
 
 from hirflow.state.node import IN, OUT, NodeState
 from hirflow.state.schema import SchemaConfig
-from hirflow.state.views import MAX_HOP, N_STATS, View, ViewConfig
+from hirflow.state.views import MAX_HOP, N_STATS, RecordCache, View, ViewConfig
 
 
 class ReferenceSampler:
@@ -32,39 +32,26 @@ class ReferenceSampler:
         self.schema = schema
         self.action_index = schema.action_codes()
         self.rng = np.random.default_rng(seed)
-        self._cache: OrderedDict[str, NodeState | None] = OrderedDict()
+        self.cache = RecordCache(reader, cache_size)
         self._cache_size = cache_size
         self._rank_cache: OrderedDict[str, tuple[int, _NodeInfo]] = OrderedDict()
         self._walk_cache: dict[str, tuple] = {}
-        self._retired: list[tuple] = []            # invalidated records not freed yet
         self.rank_reuse_ms = rank_reuse_ms
         self._recency = math.log(2) / (config.recency_half_life_s * 1000.0)
 
     # -- reads ----------------------------------------------------------------------------
     def records(self, ids: list[str]) -> dict[str, NodeState | None]:
-        """The records of `ids` that views are sampled from (cached; read when missing)."""
-        cache = self._cache
-        missing = [n for n in dict.fromkeys(ids) if n not in cache]
-        if missing:
-            for n, s in zip(missing, self.reader.states(missing)):
-                cache[n] = s
-            while len(cache) > self._cache_size:
-                cache.popitem(last=False)
-        return {n: cache[n] for n in ids}
+        return self.cache.get(ids)
 
     def invalidate(self, node_ids, defer_free: bool = False) -> None:
-        """Forget cached records of nodes whose state changed. With `defer_free` they are
-        only set aside until `release()`: freeing a filled node's records (a few thousand small
-        objects) is slow enough to be worth doing after the reply has been sent."""
-        cache, ranks, walks = self._cache, self._rank_cache, self._walk_cache
+        node_ids = list(node_ids)
+        self.cache.drop(node_ids, defer_free)
         for n in node_ids:
-            records = (cache.pop(n, None), ranks.pop(n, None), walks.pop(n, None))
-            if defer_free:
-                self._retired.append(records)
+            self._rank_cache.pop(n, None)
+            self._walk_cache.pop(n, None)
 
     def release(self) -> None:
-        """Free the records `invalidate(..., defer_free=True)` set aside."""
-        self._retired.clear()
+        self.cache.release()
 
     def _info(self, s: NodeState | None, cutoff: int) -> "_NodeInfo":
         """What sampling needs of a node as of the cutoff, computed in one pass over its

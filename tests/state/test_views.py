@@ -85,13 +85,13 @@ def test_deferred_invalidation_samples_the_new_state_and_frees_on_release(tmp_pa
         apply_direct(store, evs[400:], GraphConfig(path=str(tmp_path)))
         now.invalidate(anchors)
         later.invalidate(anchors, defer_free=True)
-        assert len(later._retired) == len(anchors)     # set aside, not freed yet
+        assert len(later.cache.retired) == len(anchors)     # set aside, not freed yet
         a, b = now.sample(anchors, cut), later.sample(anchors, cut)
         for x, y in zip(a, b):                         # the new state, as if freed at once
             assert x.nodes == y.nodes and np.array_equal(x.edge_weight, y.edge_weight)
         assert sum(x.edge_weight.size for x in a) > 0
         later.release()
-        assert later._retired == []
+        assert later.cache.retired == []
 
 
 def test_table_rows_match_their_definition_edge_by_edge(tmp_path):
