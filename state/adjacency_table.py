@@ -166,7 +166,7 @@ class AdjacencyTable:
 
         self._rank(ids, owner, nbr, imp)
 
-        # edges sorted by neighbour per node: views look pairs up by binary search
+        # edges sorted by neighbour per node: a view finds those between its nodes by pair
         order = np.lexsort((nbr, owner))
         rows = np.empty(len(order), EDGE_DTYPE)
         rows["nbr"], rows["action"], rows["dir"] = nbr[order], act[order], d[order]
