@@ -25,6 +25,7 @@ The output is a frozen dataclass of numpy arrays; turning it into tensors is enc
 """
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -308,7 +309,8 @@ class ViewSampler:
         e = edges[at]
         e_bounds = np.r_[0, np.cumsum(np.bincount(v, minlength=b))]
 
-        names = [t.names[i] for i in node.tolist()]
+        names = list(operator.itemgetter(*node.tolist())(t.names)) if len(node) > 1 else \
+            [t.names[i] for i in node.tolist()]
         types = t.types[node].astype(np.int16)
         hops = np.minimum(hop, MAX_HOP).astype(np.int8)
         stats = t.stats[node]
@@ -394,9 +396,17 @@ class _Reached:
         v, n, p, h = view[cand], node[cand], self.prio[cand], self.hop[cand]
         order = table.order_by(v, p, n)
         v, n, h = v[order], n[order], h[order]
-        start = np.searchsorted(v, np.arange(len(self.view)))
+        views = len(self.view)
+        start = np.searchsorted(v, np.arange(views))
         keep = np.arange(len(v)) - start[v] < k
-        v = np.concatenate([view[anchor], v[keep]])
-        order = np.argsort(v, kind="stable")                # anchor first within each view
-        return (v[order], np.concatenate([node[anchor], n[keep]])[order],
-                np.concatenate([self.hop[anchor], h[keep]])[order])
+        v, n, h = v[keep], n[keep], h[keep]
+        # rows by view, each view's anchor first: the anchor of view i goes after the chosen
+        # nodes of the views before it, each chosen node after its view's anchor
+        before = np.r_[0, np.cumsum(np.bincount(v, minlength=views))[:-1]]
+        at_anchor = np.arange(views) + before
+        rows = len(v) + views
+        out_v, out_n, out_h = (np.empty(rows, np.int64) for _ in range(3))
+        out_v[at_anchor], out_n[at_anchor], out_h[at_anchor] = view[anchor], node[anchor], self.hop[anchor]
+        at = np.arange(len(v)) - before[v] + at_anchor[v] + 1
+        out_v[at], out_n[at], out_h[at] = v, n, h
+        return out_v, out_n, out_h
