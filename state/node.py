@@ -139,4 +139,3 @@ def edge_lists(states: Iterable["NodeState | None"]) -> EdgeLists:
         out.first.extend(v[3])
         out.counts.append(len(s.edges))
     return out
-
