@@ -69,22 +69,27 @@ WORLD_SEED = 11  # the streamed world's; the model trained here learns a world o
 def trained_here(events: int, steps_per_day: int, root: Path) -> Path:
     """A small checkpoint of the default model trained on a world of the bench's generator
     and seed (`events` engagements over a week, at most `steps_per_day` steps per day, no
-    world knowledge: the worker runs without it), reused from `root` while the recipe is the
-    same."""
+    world knowledge: the worker runs without it), reused from `root` while the recipe (the
+    world, the step cap and the default configs) is the same."""
+    import dataclasses
+    import hashlib
+    import json
     from hirflow.encoder.model import EncoderConfig
     from hirflow.state.events import Engagement
     from hirflow.state.schema import SchemaConfig
     from hirflow.trainer.train import TrainConfig, train
-    recipe = f"world{WORLD_SEED}-events{events}-steps{steps_per_day}"
+    schema = SchemaConfig()
+    enc, cfg = EncoderConfig.for_schema(schema), TrainConfig(seed=0, max_steps_per_chunk=steps_per_day)
+    configs = json.dumps([enc.to_dict(), dataclasses.asdict(cfg)], sort_keys=True, default=str)
+    recipe = (f"world{WORLD_SEED}-events{events}-steps{steps_per_day}-"
+              f"{hashlib.sha256(configs.encode()).hexdigest()[:8]}")
     marker = root / recipe / "checkpoint.txt"
     if marker.exists() and Path(marker.read_text().strip()).is_dir():
         return Path(marker.read_text().strip())
     world = SynthWorld(SynthConfig(events=events, seed=WORLD_SEED, span_days=7))
     engagements = [e for e in world.stream() if isinstance(e, Engagement)]
-    schema = SchemaConfig()
     t = time.monotonic()
-    path = train(engagements, schema, EncoderConfig.for_schema(schema),
-                 TrainConfig(seed=0, max_steps_per_chunk=steps_per_day), root / recipe, progress=False)
+    path = train(engagements, schema, enc, cfg, root / recipe, progress=False)
     marker.write_text(str(path.resolve()))
     print(f"trained {path.name} on {len(engagements):,} events in {time.monotonic() - t:.0f} s", flush=True)
     return path.resolve()

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.quality import online_retail, synthetic  # noqa: E402
 from hirflow.encoder.model import EncoderConfig  # noqa: E402
 from hirflow.trainer.data import chronological_windows, world_knowledge  # noqa: E402
-from hirflow.trainer.evaluate import deep_funnel_actions, item_types, load_model, positive_actions  # noqa: E402
+from hirflow.trainer.evaluate import deep_funnel_actions, item_types, load_served, positive_actions  # noqa: E402
 from hirflow.trainer.freshness_value import freshness_value  # noqa: E402
 from hirflow.trainer.train import TrainConfig, train  # noqa: E402
 
@@ -46,13 +46,13 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
         cfg = TrainConfig(seed=0, snapshot_chunks=0, max_steps_per_chunk=2 if a.quick else None)
         ck = train([e for e in evs if e.ts < w.val_end], schema, enc, cfg, out / f"{name}-ck",
                    texts=texts, progress=not a.quick)
-    model, manifest = load_model(ck)
+    model, block, manifest = load_served(ck)
     fitted = manifest.manifest.get("data_window")
     cutoff = fitted[1] + 1 if fitted else w.train_end       # "never": as the checkpoint was fitted
     acts = deep_funnel_actions(schema) if name == "online_retail" else positive_actions(schema)
     t = time.perf_counter()
     res = freshness_value(model, evs, schema, cutoff, w.val_end, w.end + 1, acts, item_types(schema),
-                          texts=texts,
+                          texts=texts, block=block,
                           progress=lambda i, n: print(f"  {name}: day {i}/{n}", end="\r", flush=True))
     res["seconds"] = round(time.perf_counter() - t, 1)
     print(f"{name}: {res['queries']} hourly queries over {res['items']} items ({res['seconds']} s)")

@@ -6,6 +6,9 @@ Layout of a checkpoint directory::
                          files: {name: sha256}
     weights.safetensors  model parameters and buffers
     quantizer.safetensors  BoM codebooks (M, 2^nbits, d)
+    collaborative.json   the collaborative block's item vocabulary (`encoder.collaborative`),
+                         when the checkpoint has one; any further JSON file is listed and
+                         verified the same way
 
 Written into a temporary sibling directory and renamed, so a crash never leaves half a
 checkpoint. Loading recomputes every file's sha256 and refuses a tampered, truncated or
@@ -42,6 +45,7 @@ class Checkpoint:
     manifest: dict[str, Any]
     weights: dict[str, torch.Tensor]
     codebooks: np.ndarray | None
+    documents: dict[str, Any] = None     # file name -> parsed content of its further JSON files
 
     @property
     def id(self) -> str:
@@ -63,9 +67,10 @@ def content_id(files: dict[str, str], manifest: dict[str, Any]) -> str:
 
 
 def save(root: str | os.PathLike, weights: dict[str, torch.Tensor], manifest: dict[str, Any],
-         codebooks: np.ndarray | None = None) -> Path:
+         codebooks: np.ndarray | None = None, documents: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint under `root/<id>`; returns its path. `manifest` must not hold
-    `id`, `files` or `format` (they are derived here)."""
+    `id`, `files` or `format` (they are derived here); `documents`: further JSON files
+    (name ending in .json -> content)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{uuid.uuid4().hex}"
@@ -75,6 +80,10 @@ def save(root: str | os.PathLike, weights: dict[str, torch.Tensor], manifest: di
         save_torch(tensors, str(tmp / WEIGHTS))
         if codebooks is not None:
             save_np({"codebooks": np.ascontiguousarray(codebooks, np.float32)}, str(tmp / QUANTIZER))
+        for name, content in sorted((documents or {}).items()):
+            if not name.endswith(".json") or "/" in name or name in (MANIFEST,):
+                raise ValueError(f"a checkpoint document must be a plain .json file name, got {name!r}")
+            (tmp / name).write_text(json.dumps(content, sort_keys=True) + "\n")
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
         body = {k: v for k, v in manifest.items() if k not in ("id", "files", "format")}
         ckpt_id = content_id(files, body)
@@ -129,7 +138,14 @@ def load(path: str | os.PathLike) -> Checkpoint:
         codebooks = load_np(str(path / QUANTIZER))["codebooks"] if QUANTIZER in files else None
     except Exception as exc:
         raise CheckpointError(f"{path}: cannot read tensors ({exc})") from None
-    return Checkpoint(path, manifest, weights, codebooks)
+    documents = {}
+    for name in files:
+        if name.endswith(".json"):
+            try:
+                documents[name] = json.loads((path / name).read_text())
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise CheckpointError(f"{path}: {name} is not JSON ({exc})") from None
+    return Checkpoint(path, manifest, weights, codebooks, documents)
 
 
 def load_into(model: torch.nn.Module, ckpt: Checkpoint) -> None:

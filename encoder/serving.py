@@ -1,8 +1,12 @@
-"""What the refresh loop serves with: a verified checkpoint (encoder + BoM quantizer), or,
-before any checkpoint exists, a cold-start encoder of world knowledge + node type alone.
+"""What the refresh loop serves with: a verified checkpoint (encoder + BoM quantizer +
+collaborative block), or, before any checkpoint exists, a cold-start encoder of world
+knowledge + node type alone.
 
-`encode(views, knowledge)` -> embeddings (n, d), assignments (n, levels), tokens (n, M),
-all numpy, so the caller never touches torch. The model runs on CUDA when present.
+`encode(views, knowledge, prepared, edges)` -> embeddings (n, d), assignments (n, levels),
+tokens (n, M), all numpy, so the caller never touches torch. The model runs on CUDA when
+present. A served embedding is the encoder's (d_emb) followed by the collaborative block
+(`encoder.collaborative`, read from the anchors' adjacencies `edges`) when the checkpoint has
+one; assignments come from the encoder's coordinates, tokens from the whole embedding.
 """
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ import numpy as np
 import torch
 
 from hirflow.encoder import checkpoint as ckpt
+from hirflow.encoder import collaborative
 from hirflow.encoder.batching import PackConfig, PackedBatch, Packer, pack
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
 from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.index import NO_PRIMITIVE
 from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map
 from hirflow.state.view_pool import PreparedParts
@@ -52,6 +58,7 @@ class ServingModel:
     encoder: HierarchicalEncoder | None = None
     quantizer: BoMQuantizer | None = None
     cold: "ColdStart | None" = None
+    collab: "collaborative.CollaborativeBlock | None" = None
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: torch.device | None = None) -> "ServingModel":
@@ -70,10 +77,18 @@ class ServingModel:
         except (TypeError, KeyError, ValueError) as exc:
             raise ckpt.CheckpointError(f"{path}: its quantizer config is not one this version "
                                        f"reads: {exc}") from None
+        try:
+            block = collaborative.from_checkpoint(ck)
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ckpt.CheckpointError(f"{path}: its collaborative block is unreadable: {exc}") from None
+        d = cfg.d_emb + (block.rank if block is not None else 0)
+        if ck.codebooks.shape[-1] != d:
+            raise ckpt.CheckpointError(f"{path}: codebooks of width {ck.codebooks.shape[-1]} for "
+                                       f"embeddings of width {d}")
         quant = BoMQuantizer.from_codebooks(ck.codebooks, qcfg)
         model = model.to(device or default_device()).eval()
-        return cls(ck.id, str(Path(path).resolve()), cfg.d_emb, qcfg.m, qcfg.nbits,
-                   len(cfg.levels), encoder=model, quantizer=quant)
+        return cls(ck.id, str(Path(path).resolve()), d, qcfg.m, qcfg.nbits,
+                   len(cfg.levels), encoder=model, quantizer=quant, collab=block)
 
     @classmethod
     def cold_start(cls, type_names: Sequence[str], d: int = 64, m: int = 8, nbits: int = 8,
@@ -103,18 +118,29 @@ class ServingModel:
         nothing)."""
         return None if self.encoder is None else Packer(self.encoder.cfg.pack)
 
-    @torch.no_grad()
     def encode(self, views: Sequence[View], knowledge: Mapping[str, np.ndarray],
-               prepared: "tuple[PackConfig, dict] | PreparedParts | None" = None):
+               prepared: "tuple[PackConfig, dict] | PreparedParts | None" = None,
+               edges: EdgeColumns | None = None):
         """`prepared`: a `Packer`'s output for these views, used when packed with this
         model's config (a batch sampled before a hot swap is packed again here), or the
-        outputs for consecutive parts of them (`state.view_pool`), encoded part by part."""
+        outputs for consecutive parts of them (`state.view_pool`), encoded part by part.
+        `edges`: the anchors' adjacencies, which a model with a collaborative block needs."""
         if self.cold is not None:
             return self.cold.encode([v.anchor for v in views], knowledge)
+        emb, assign = self._encoder_part(views, knowledge, prepared)
+        if self.collab is not None:
+            if edges is None:
+                raise ValueError(f"model {self.id} has a collaborative block: encode needs the "
+                                 "anchors' adjacencies (edges)")
+            emb = np.concatenate([emb, self.collab.blocks([v.anchor for v in views], edges)], axis=1)
+        return emb, assign, self.quantizer.tokens(emb)
+
+    @torch.no_grad()
+    def _encoder_part(self, views, knowledge, prepared) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(prepared, PreparedParts):     # packed in parts by several processes
             out, at = [], 0
             for n, part in zip(prepared.sizes, prepared.parts):
-                out.append(self.encode(views[at:at + n], knowledge, part))
+                out.append(self._encoder_part(views[at:at + n], knowledge, part))
                 at += n
             return tuple(np.concatenate(x) for x in zip(*out))
         model = self.encoder
@@ -124,8 +150,7 @@ class ServingModel:
             b = pack(views, model.cfg.pack, knowledge=knowledge).to(model.device)
         emb, _ = model(b, model.backend(training=False, max_view=max(b.view_sizes)))
         assign = model.assign(emb, b.type_ids[b.anchor_pos]).cpu().numpy().astype(np.int32)
-        emb = emb.float().cpu().numpy()
-        return emb, assign, self.quantizer.tokens(emb)
+        return emb.float().cpu().numpy(), assign
 
 
 def encoder_from(ck: ckpt.Checkpoint) -> HierarchicalEncoder:

@@ -28,6 +28,7 @@ class EdgeColumns:
     action  int16    (e,)     action code (`SchemaConfig.action_codes`: sorted names)
     w       float64  (e,)     stored decayed weight at t_ref (not decayed further)
     t_ref   int64    (e,)     the weight's reference time (ms)
+    first   int64    (e,)     the edge's first event time (ms): it exists as of any time after
     """
     nodes: tuple[str, ...]
     present: np.ndarray
@@ -37,6 +38,7 @@ class EdgeColumns:
     action: np.ndarray
     w: np.ndarray
     t_ref: np.ndarray
+    first: np.ndarray
 
     @classmethod
     def from_states(cls, nodes: Sequence[str], states: Mapping[str, NodeState | None],
@@ -53,7 +55,8 @@ class EdgeColumns:
                    names=names,
                    nbr=np.fromiter(map(pos.__getitem__, nbr), np.int32, len(nbr)),
                    action=np.fromiter(map(codes.__getitem__, acts), np.int16, len(acts)),
-                   w=np.array(w, np.float64), t_ref=np.array(t, np.int64))
+                   w=np.array(w, np.float64), t_ref=np.array(t, np.int64),
+                   first=np.array(e.first, np.int64))
 
     @classmethod
     def concat(cls, parts: Sequence["EdgeColumns"]) -> "EdgeColumns":
@@ -71,7 +74,8 @@ class EdgeColumns:
                                        for p in parts]).astype(np.int32),
                    action=np.concatenate([p.action for p in parts]).astype(np.int16),
                    w=np.concatenate([p.w for p in parts]).astype(np.float64),
-                   t_ref=np.concatenate([p.t_ref for p in parts]).astype(np.int64))
+                   t_ref=np.concatenate([p.t_ref for p in parts]).astype(np.int64),
+                   first=np.concatenate([p.first for p in parts]).astype(np.int64))
 
     def __len__(self) -> int:
         return len(self.nodes)

@@ -197,8 +197,11 @@ class MemoryIndex:
             return float(self._towards_prototypes(np.array([r]))[0] @ self.prototypes[level][prim])
 
     def _towards_prototypes(self, rows: np.ndarray) -> np.ndarray:
-        """Embeddings of `rows` less their type's mean, unit length (as the model assigns)."""
+        """Embeddings of `rows` less their type's mean, unit length (as the model assigns), in
+        the prototypes' coordinates: the first ones (a collaborative block follows them)."""
         x = self.emb[rows]
+        if self.prototypes is not None:
+            x = x[:, :self.prototypes[0].shape[1]]
         if self.centres is None:
             return x
         x = x - self.centres[self.types[rows]]

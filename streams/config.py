@@ -125,6 +125,9 @@ class TrainSection:
     min_steps: int = 1000               # more passes for a small data set, to at least this
                                         # many steps (not when steps_per_chunk caps the run)
     centre_types: bool = True           # fit primitives to embeddings less their type's mean
+    collaborative_rank: int = 128       # width of the served embedding's collaborative block
+                                        # (low-rank EASE^R over users' items; 0: none)
+    collaborative_weight: float = 0.5   # its share of the served score, against the encoder's
     sample_workers: int = 1             # threads sampling views ahead of the model (0: inline)
     knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
     announce: bool = True               # announce each complete checkpoint on hirflow.checkpoints
@@ -134,6 +137,8 @@ class TrainSection:
             raise ValueError(f"train.train_share must be in (0, 1), got {self.train_share}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"train.objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.collaborative_rank < 0 or self.collaborative_weight < 0:
+            raise ValueError("train.collaborative_rank and collaborative_weight must be >= 0")
         if self.passes < 1 or self.sample_workers < 0 or self.min_steps < 0 \
                 or (self.rounds is not None and self.rounds < 1) \
                 or (self.steps_per_chunk is not None and self.steps_per_chunk < 1):

@@ -28,7 +28,8 @@ class GenerationWriter:
         leaves the generation instead, and subscribers are told (a change without tokens)."""
         if sampled.edges is None or sampled.edges.nodes != tuple(ids):
             raise RuntimeError("the sampled adjacencies are not those of the batch's nodes")
-        emb, assign, tokens = model.encode(sampled.views, sampled.knowledge, sampled.prepared)
+        emb, assign, tokens = model.encode(sampled.views, sampled.knowledge, sampled.prepared,
+                                           sampled.edges)
         olds = self.index.records(gen, ids)
         pubs = self.index.published(ids) if publish else [None] * len(ids)
         reader = self.index.store.reader

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from hirflow.encoder.collaborative import CollaborativeConfig
 from hirflow.encoder.quantize import QuantizerConfig
 from hirflow.streams.config import HirflowConfig
 from hirflow.trainer.runs import RunOptions, parse_duration
@@ -23,6 +24,8 @@ def run_options(cfg: HirflowConfig, resume: bool = False, log_path: str | None =
     tc = cfg.train
     train = TrainConfig(**{f: getattr(tc, k) for k, f in TRAIN_FIELDS.items()},
                         quantizer=QuantizerConfig(**dataclasses.asdict(cfg.quantizer)),
+                        collaborative=CollaborativeConfig(rank=tc.collaborative_rank,
+                                                          weight=tc.collaborative_weight),
                         log_path=log_path)
     return RunOptions(train_share=tc.train_share, fit_validation=tc.fit_validation,
                       window_s=parse_duration(tc.window) if tc.window else None,

@@ -72,8 +72,10 @@ def tiny_checkpoints(tmp_path_factory, tiny_world):
     shape of a model saved before the score coordinate and the recent-edges stat (served
     with today's views, it reads their first 6 stats), whose few steps spread ads over
     several fine primitives and whose users' tokens follow their direction alone, which the
-    refresh tests move. The successor has today's defaults (centred primitives, score
-    coordinate, 7 stats), so serving runs with both."""
+    refresh tests move; and no collaborative block. The successor has today's defaults
+    (centred primitives, score coordinate, 7 stats, a collaborative block), so serving runs
+    with both."""
+    from hirflow.encoder.collaborative import CollaborativeConfig
     from hirflow.encoder.model import EncoderConfig
     from hirflow.encoder.quantize import QuantizerConfig
     from hirflow.state.schema import SchemaConfig
@@ -89,6 +91,7 @@ def tiny_checkpoints(tmp_path_factory, tiny_world):
         # (how evenly depends on the seed; with seed 1 over four, 5 to 18 ads each)
         cfg = TrainConfig(seed=1, batch_edges=32, max_steps_per_chunk=2, objective="bce",
                           w_distill=1.0, w_hierarchy=0.1, teacher_anchors=None,
-                          quantizer=QuantizerConfig(m=4, nbits=4), centre_types=seed == 1)
+                          quantizer=QuantizerConfig(m=4, nbits=4), centre_types=seed == 1,
+                          collaborative=CollaborativeConfig(rank=0 if seed == 0 else 128))
         out.append(train(tiny_world, schema, enc, cfg, root, progress=False))
     return out

@@ -37,6 +37,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 from hirflow.encoder import checkpoint as ckpt
+from hirflow.encoder import collaborative
 from hirflow.encoder.model import HierarchicalEncoder
 from hirflow.encoder.serving import encoder_from
 from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
@@ -48,7 +49,7 @@ from hirflow.state.writer import BOTH_SIDES, GraphWriter
 from hirflow.trainer import baselines as B
 from hirflow.trainer.data import Windows
 from hirflow.trainer.ranking import RankingTask, paired_ratio_ci, per_user_metrics, ranking_task, summarise
-from hirflow.trainer.train import embed
+from hirflow.trainer.train import served_embeddings
 
 log = logging.getLogger(__name__)
 KS = (10, 20, 50)
@@ -61,6 +62,12 @@ class TrainedOnTestWindow(ValueError):
 def load_model(path) -> tuple[HierarchicalEncoder, ckpt.Checkpoint]:
     ck = ckpt.load(path)
     return encoder_from(ck), ck
+
+
+def load_served(path) -> tuple[HierarchicalEncoder, "collaborative.CollaborativeBlock | None", ckpt.Checkpoint]:
+    """The checkpoint's encoder and collaborative block (None when it has none)."""
+    model, ck = load_model(path)
+    return model, collaborative.from_checkpoint(ck), ck
 
 
 def positive_actions(schema: SchemaConfig) -> set[str]:
@@ -78,9 +85,11 @@ def item_types(schema: SchemaConfig) -> tuple[str, ...]:
 
 def state_embeddings(model: HierarchicalEncoder, before: Sequence[Engagement], schema: SchemaConfig,
                      cutoff: int, texts=None, extra: Sequence[str] = (),
-                     extra_texts=None) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
+                     extra_texts=None, block: "collaborative.CollaborativeBlock | None" = None,
+                     ) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
     """Embeddings of every node of `before` as serving would compute them at `cutoff`: the
-    events applied to a fresh graph store, student views sampled as of the cutoff.
+    events applied to a fresh graph store, student views sampled as of the cutoff, the
+    collaborative `block` appended when given.
     -> (node -> row, embeddings, embeddings of `extra` nodes (with `extra_texts`))."""
     with tempfile.TemporaryDirectory(prefix="hirflow-eval-") as tmp:
         store = GraphStore(Path(tmp) / "s", schema, 1)
@@ -90,8 +99,9 @@ def state_embeddings(model: HierarchicalEncoder, before: Sequence[Engagement], s
             w.commit()
         nodes = sorted({n for e in before for n in (e.src, e.dst)})
         sampler = ViewSampler(store.reader, schema, STUDENT, seed=0)
-        emb = embed(model, sampler, nodes, cutoff, model.cfg, texts, model.device)
-        extra_emb = embed(model, sampler, list(extra), cutoff, model.cfg, extra_texts, model.device)
+        codes = schema.action_codes()
+        emb = served_embeddings(model, block, sampler, nodes, cutoff, texts, codes)
+        extra_emb = served_embeddings(model, block, sampler, list(extra), cutoff, extra_texts, codes)
         store.close()
     return {n: i for i, n in enumerate(nodes)}, emb, extra_emb
 
@@ -136,7 +146,7 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     end, used only for the items first seen in it (cold start)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model, ck = load_model(path)
+    model, block, ck = load_served(path)
     fitted = ck.manifest.get("data_window")
     if fitted and fitted[1] >= windows.val_end:
         raise TrainedOnTestWindow(
@@ -152,7 +162,7 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
                    and e.dst in (later_texts or {})})
     t = time.perf_counter()
     index, emb, cold_emb = state_embeddings(model, before, schema, windows.val_end - 1, texts, cold,
-                                            later_texts)
+                                            later_texts, block)
     metrics: dict = {"checkpoint": ck.id, "test_events": len(test), "windows": windows.__dict__,
                      "embed_seconds": round(time.perf_counter() - t, 1)}
     for name, acts in (("next_engagement", positive_actions(schema)),
@@ -169,7 +179,8 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
         metrics[name] = compare(scores, test_task, val_task, baselines if val_task.n_eval else (), ks)
     with torch.no_grad():
         nodes = sorted(index, key=index.get)
-        assign = model.assign(torch.from_numpy(emb).to(model.device),
+        # the hierarchy lives in the encoder's coordinates, the first d_emb
+        assign = model.assign(torch.from_numpy(emb[:, :model.cfg.d_emb].copy()).to(model.device),
                               torch.tensor(schema.type_codes(nodes), device=model.device)).cpu().numpy()
     items = [n for n in nodes if node_type(n) in kinds]
     metrics["cold_start"] = _cold_start(emb, index, items, cold, cold_emb, before, test, ks)

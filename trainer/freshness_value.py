@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from hirflow.encoder.collaborative import CollaborativeBlock
 from hirflow.encoder.model import HierarchicalEncoder
 from hirflow.state.events import Engagement
 from hirflow.state.graph import GraphConfig, GraphStore
@@ -29,7 +30,7 @@ from hirflow.state.schema import SchemaConfig, node_type
 from hirflow.state.views import STUDENT, ViewSampler
 from hirflow.state.writer import BOTH_SIDES, GraphWriter
 from hirflow.trainer.ranking import bootstrap_ci, paired_ratio_ci
-from hirflow.trainer.train import embed
+from hirflow.trainer.train import served_embeddings
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -81,8 +82,10 @@ def _recall(u: np.ndarray, item_emb: np.ndarray, items: list[str], q: Query, k: 
 def freshness_value(model: HierarchicalEncoder, events: Sequence[Engagement], schema: SchemaConfig,
                     train_cutoff: int, lo: int, hi: int, positive: set[str], item_types: Sequence[str],
                     texts: Mapping[str, np.ndarray] | None = None, k: int = 20,
-                    staleness: Mapping[str, int] = STALENESS, progress=None) -> dict:
-    """Recall@k per staleness (see the module docstring) over the queries of [lo, hi)."""
+                    staleness: Mapping[str, int] = STALENESS, progress=None,
+                    block: "CollaborativeBlock | None" = None) -> dict:
+    """Recall@k per staleness (see the module docstring) over the queries of [lo, hi);
+    `block`: the checkpoint's collaborative block, served after the encoder's coordinates."""
     events = sorted(events, key=lambda e: e.ts)
     items, qs = queries(events, lo, hi, positive, item_types)
     recalls: dict[str, list[float]] = {name: [] for name in [*staleness, "never"]}
@@ -106,7 +109,7 @@ def freshness_value(model: HierarchicalEncoder, events: Sequence[Engagement], sc
                 applied = j
 
         def emb(nodes: list[str], cutoff: int) -> np.ndarray:
-            return embed(model, sampler, nodes, cutoff, model.cfg, texts, model.device)
+            return served_embeddings(model, block, sampler, nodes, cutoff, texts, schema.action_codes())
 
         apply_until(lo)
         never_items = emb(items, train_cutoff - 1)

@@ -35,12 +35,14 @@ from torch import nn
 from tqdm import tqdm
 
 from hirflow.encoder import checkpoint as ckpt
+from hirflow.encoder import collaborative
 from hirflow.encoder.batching import pack
 from hirflow.encoder.hierarchy import fit_tree
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
 from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.events import Engagement
-from hirflow.state.schema import SchemaConfig
+from hirflow.state.schema import SchemaConfig, node_type
 from hirflow.state.views import STUDENT, TEACHER, ViewConfig, ViewSampler
 from hirflow.trainer import losses as L
 from hirflow.trainer import resume as resume_mod
@@ -89,6 +91,9 @@ class TrainConfig:
     teacher_view: ViewConfig = TEACHER
     student_view: ViewConfig = STUDENT
     quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
+    # the served embedding's collaborative coordinates (low-rank EASE^R; rank 0: none)
+    collaborative: collaborative.CollaborativeConfig = field(
+        default_factory=collaborative.CollaborativeConfig)
     log_path: str | None = None      # JSON lines, one per step
     sample_workers: int = 1          # threads sampling + packing ahead of the model (0: inline)
     prefetch: int = 4                # batches they may run ahead
@@ -219,8 +224,11 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
                 bar.update(1)
             bar.close()
             emb_nodes = sorted(pipe.seen)
-            embs = embed(student, pipe.final_sampler(cfg.student_view), emb_nodes, events[-1].ts,
-                         enc_cfg, texts, dev)
+            final = pipe.final_sampler(cfg.student_view)
+            embs = embed(student, final, emb_nodes, events[-1].ts, enc_cfg, texts, dev)
+            block = _collaborative(events, schema, cfg.collaborative, embs, emb_nodes, final)
+            served = embs if block is None else np.concatenate(
+                [embs, block_rows(block, final, emb_nodes, schema.action_codes())], axis=1)
         finally:
             if hasattr(items, "close"):
                 items.close()                            # stops the sampling workers
@@ -243,20 +251,26 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
             with torch.no_grad():
                 student.prototypes.copy_(torch.from_numpy(fine).to(student.prototypes.device))
     qcfg = _fitting_quantizer(cfg.quantizer, len(embs))
-    quant = BoMQuantizer(enc_cfg.d_emb, qcfg).train(embs)      # retrieval: plain embeddings
+    quant = BoMQuantizer(served.shape[1], qcfg).train(served)  # retrieval: what is served
     metrics = dict(metrics)
     with torch.no_grad():
         used = student.assign(emb_t, types).cpu().numpy()
     metrics["primitives_used"] = [int(len(np.unique(used[:, i]))) for i in range(used.shape[1])]
-    metrics["reconstruction_error"] = quant.reconstruction_error(embs)
+    metrics["reconstruction_error"] = quant.reconstruction_error(served)
     weights = {f"encoder.{k}": v for k, v in student.state_dict().items()}
     weights.update({f"head.{k}": v for k, v in head.state_dict().items()})
+    documents = None
+    if block is not None:
+        weights.update({k: torch.from_numpy(v) for k, v in block.weights().items()})
+        documents = {collaborative.FILE: block.manifest()}
     manifest = {"parent": parent, "config": enc_cfg.to_dict(), "train": _manifest_train(cfg),
                 "init": init.id if init is not None else None,
                 "data_window": [int(events[0].ts), int(events[-1].ts)], "events": len(events),
                 "seed": cfg.seed, "steps": step, "quantizer": dataclasses.asdict(qcfg),
                 "metrics": {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
-    path = ckpt.save(out_dir, weights, manifest, quant.codebooks_array())
+    if block is not None:
+        manifest["collaborative"] = block.settings
+    path = ckpt.save(out_dir, weights, manifest, quant.codebooks_array(), documents)
     shutil.rmtree(snap_dir, ignore_errors=True)          # the run is complete
     return path
 
@@ -274,6 +288,44 @@ def _plan(events, cfg: TrainConfig) -> tuple[list, int]:
         return first, cfg.passes
     passes = max(cfg.passes, math.ceil(cfg.min_steps / per_pass))
     return (first if passes == cfg.passes else plan(passes)), passes
+
+
+def _collaborative(events, schema: SchemaConfig, cfg: collaborative.CollaborativeConfig,
+                   embs: np.ndarray, nodes: list[str], sampler: ViewSampler):
+    """The collaborative block fitted on the training window's positive engagements (either
+    direction of a user-item edge), scaled against the encoder's user-item scores."""
+    positive = sorted(a for a, s in schema.all_actions.items() if s.sign > 0 and not s.structural)
+    keep = set(positive)
+    pairs = ((a, b, e.ts) for e in events if e.action in keep
+             for a, b in ((e.src, e.dst), (e.dst, e.src)))
+    codes = schema.action_codes()
+    t = time.perf_counter()
+    block = collaborative.fit(pairs, (schema.user_type,), schema.item_node_types,
+                              [codes[a] for a in positive], cfg, log)
+    if block is None:
+        return None
+    row = {n: i for i, n in enumerate(nodes)}
+    users = [n for n in nodes if node_type(n) == schema.user_type][:2000]
+    items = [n for n in block.items if n in row]
+    raw = block_rows(block, sampler, users, codes)
+    key = block.key[[block.row[n] for n in items]]
+    enc = embs[[row[n] for n in users]] @ embs[[row[n] for n in items]].T
+    block = collaborative.scaled(block, enc, raw @ key.T, cfg.weight)
+    log.info("collaborative block: %d items, rank %d, lambda %g, scale %.4g (%.1f s)",
+             len(block.items), block.rank, block.settings["l2"], block.settings["scale"],
+             time.perf_counter() - t)
+    return block
+
+
+def block_rows(block: collaborative.CollaborativeBlock, sampler: ViewSampler, nodes: list[str],
+               codes, cutoff: int | None = None, chunk: int = 8192) -> np.ndarray:
+    """(len(nodes), rank) collaborative blocks of `nodes` from the records `sampler` reads."""
+    out = [np.zeros((0, block.rank), np.float32)]
+    for i in range(0, len(nodes), chunk):
+        part = nodes[i:i + chunk]
+        edges = EdgeColumns.from_states(part, sampler.records(part), codes)
+        out.append(block.blocks(part, edges, cutoff))
+    return np.concatenate(out)
 
 
 def _fitting_quantizer(q: QuantizerConfig, n: int) -> QuantizerConfig:
@@ -383,6 +435,16 @@ def _step(b: Prepared, student, teacher, head, opt, funnel, cfg: TrainConfig, de
     return {"loss": float(loss.detach()), "distill": float(distill.detach()),
             "engage": float(engage.detach()), "hierarchy": float(hier.detach()), "lr": float(lr),
             "momentum": float(momentum)}
+
+
+def served_embeddings(model: HierarchicalEncoder, block: collaborative.CollaborativeBlock | None,
+                      sampler: ViewSampler, nodes: list[str], cutoff: int, texts, codes) -> np.ndarray:
+    """What a worker serves for `nodes` as of `cutoff`: the encoder's embedding followed by
+    the collaborative block (edges that existed at `cutoff`), when the checkpoint has one."""
+    emb = embed(model, sampler, nodes, cutoff, model.cfg, texts, model.device)
+    if block is None:
+        return emb
+    return np.concatenate([emb, block_rows(block, sampler, nodes, codes, cutoff)], axis=1)
 
 
 @torch.no_grad()

@@ -6,20 +6,22 @@ import numpy as np
 
 from hirflow.encoder.batching import PackConfig
 from hirflow.encoder.serving import ServingModel
+from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.random_views import random_views
 
 
 def test_prepared_arrays_give_the_same_encoding_and_a_foreign_config_is_repacked(tiny_checkpoints):
     model = ServingModel.from_checkpoint(tiny_checkpoints[1])
     views = random_views(2, 9, lo=3, hi=16)
-    emb, assign, tokens = model.encode(views, {})
+    edges = EdgeColumns.from_states([v.anchor for v in views], {}, {})
+    emb, assign, tokens = model.encode(views, {}, None, edges)
     cfg, arrays = model.packer(views, {})
     assert cfg == model.encoder.cfg.pack
-    got = model.encode(views, {}, (cfg, arrays))
+    got = model.encode(views, {}, (cfg, arrays), edges)
     for a, b in zip(got, (emb, assign, tokens)):
         np.testing.assert_array_equal(a, b)
     other = dataclasses.replace(PackConfig(), rwse_steps=cfg.rwse_steps + 1)
     broken = {k: v for k, v in arrays.items() if k != "rwse"}     # would fail if it were used
-    for a, b in zip(model.encode(views, {}, (other, broken)), (emb, assign, tokens)):
+    for a, b in zip(model.encode(views, {}, (other, broken), edges), (emb, assign, tokens)):
         np.testing.assert_array_equal(a, b)
     assert ServingModel.cold_start(["user", "ad"]).packer is None

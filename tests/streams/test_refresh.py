@@ -293,8 +293,8 @@ def test_two_sampling_processes_share_each_batch_and_encode_as_one(cfg, tiny_wor
         ids = sorted(store.reader.node_ids())[:120]
         sampled = loop.views.sample(ids, max(e.ts for e in tiny_world[:300]), loop.active.packer)
         assert isinstance(sampled.prepared, PreparedParts) and len(sampled.prepared.parts) == 2
-        parts = loop.active.encode(sampled.views, sampled.knowledge, sampled.prepared)
-        whole = loop.active.encode(sampled.views, sampled.knowledge, None)
+        parts = loop.active.encode(sampled.views, sampled.knowledge, sampled.prepared, sampled.edges)
+        whole = loop.active.encode(sampled.views, sampled.knowledge, None, sampled.edges)
         assert np.allclose(parts[0], whole[0], atol=1e-5)
         assert np.array_equal(parts[1], whole[1])
         settle(loop)

@@ -31,7 +31,10 @@ def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
     schema, enc, cfg = small(tmp_path)
     path = train(events(), schema, enc, cfg, tmp_path / "ckpt", progress=False)
     ck = load(path)
-    assert ck.manifest["steps"] > 0 and ck.codebooks.shape == (2, 16, 32)
+    rank = ck.manifest["collaborative"]["rank"]
+    # served = the encoder's 32 coordinates + the collaborative block, which the tokens cover
+    assert ck.manifest["steps"] > 0 and rank > 0 and ck.codebooks.shape == (2, 16, 32 + rank)
+    assert len(ck.documents["collaborative.json"]["items"]) == ck.weights["collab.key"].shape[0]
     rows = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert len(rows) == ck.manifest["steps"]
     assert all(set(r) >= {"loss", "distill", "engage", "hierarchy", "lr"} for r in rows)

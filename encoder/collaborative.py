@@ -1,0 +1,226 @@
+"""The collaborative block: a low-rank EASE^R item-item model served as extra coordinates of
+every embedding, so the served inner product carries the collaborative signal that the
+strongest simple baseline on real data has.
+
+EASE^R (Steck 2019) fits item-item weights B from the users x items matrix X of positive
+engagements: B = I - P diag(1 / diag(P)), P = (X^T X + lambda I)^-1, and scores a user's
+items as x_u B. Truncated to rank r (B ~= U S V^T), the score splits into an inner product:
+x_u B ~= (x_u U S^1/2) . (V S^1/2)_item. So an item's block is its row of V S^1/2, fixed by
+the checkpoint, and a user's block is the sum of the `query` rows of the items in the user's
+adjacency: it moves with every purchase the worker applies, which is what makes a fresh
+user embedding rank better than a stale one.
+
+Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes
+live in the first d_emb coordinates only. Nodes of other types, and items outside the
+block's vocabulary (new items, or past `max_items`), get zeros: they rank by the encoder's
+coordinates alone, as a cold item must. The block's weight against the encoder's score
+(`weight`, on a scale measured after training) and lambda (chosen on the last share of the
+training window) are in docs/evaluation.md with the validation figures that chose them.
+
+Only numpy here; `EdgeColumns` is state's data type for a batch's adjacencies.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from hirflow.state.edge_columns import EdgeColumns
+from hirflow.state.schema import node_type
+
+FILE = "collaborative.json"          # the block's vocabulary and settings, beside the weights
+QUERY, KEY = "collab.query", "collab.key"     # its (I, rank) matrices in weights.safetensors
+
+
+@dataclass(frozen=True)
+class CollaborativeConfig:
+    rank: int = 128                  # block width (0: no block); validation Recall@20 on Online
+                                     # Retail: rank 64 0.108, 128 0.112 (docs/evaluation.md)
+    weight: float = 0.5              # block score spread / encoder score spread
+    l2_grid: tuple[float, ...] = (30.0, 100.0, 300.0, 1000.0, 3000.0)   # EASE^R lambdas tried
+    holdout: float = 0.1             # last share of the training events that chooses lambda
+    max_items: int = 10_000          # most-engaged items in the vocabulary (dense I x I solve:
+                                     # 10k items take ~0.8 GB and a minute on 2 cores)
+
+    def __post_init__(self) -> None:
+        if self.rank < 0 or self.weight < 0 or self.max_items < 2 or not 0 < self.holdout < 1 \
+                or not self.l2_grid or min(self.l2_grid) <= 0:
+            raise ValueError("collaborative: rank >= 0, weight >= 0, max_items >= 2, holdout in "
+                             "(0, 1) and a non-empty l2_grid of positive lambdas")
+
+
+@dataclass
+class CollaborativeBlock:
+    items: tuple[str, ...]           # vocabulary, row order of `query` and `key`
+    query: np.ndarray                # (I, rank) float32: what an engaged item adds to a user
+    key: np.ndarray                  # (I, rank) float32: the item's own block
+    actions: tuple[int, ...]         # action codes (`SchemaConfig.action_codes`) that count
+    query_types: tuple[str, ...]     # node types whose block sums their items' `query` rows
+    settings: dict = field(default_factory=dict)   # l2, scale, fit figures (for the manifest)
+
+    def __post_init__(self) -> None:
+        self.row = {n: i for i, n in enumerate(self.items)}
+        self.action_mask = np.zeros(max(self.actions, default=0) + 1, bool)
+        self.action_mask[list(self.actions)] = True
+
+    @property
+    def rank(self) -> int:
+        return int(self.key.shape[1])
+
+    def blocks(self, nodes: Sequence[str], edges: EdgeColumns, cutoff: int | None = None) -> np.ndarray:
+        """(len(nodes), rank) blocks of `nodes`, whose adjacencies `edges` holds (same order):
+        an item its `key` row, a query-type node the sum of `query` rows over the distinct
+        vocabulary items it engaged with a counted action (edges that existed at `cutoff`,
+        None: all), anything else zeros."""
+        if edges.nodes != tuple(nodes):
+            raise ValueError("the adjacencies are not those of the nodes to embed")
+        out = np.zeros((len(nodes), self.rank), np.float32)
+        is_query = np.fromiter((node_type(n) in self.query_types for n in nodes), bool, len(nodes))
+        own = np.fromiter((self.row.get(n, -1) for n in nodes), np.int64, len(nodes))
+        items = (own >= 0) & ~is_query
+        out[items] = self.key[own[items]]
+        if is_query.any() and len(edges.nbr):
+            nbr_row = np.fromiter((self.row.get(n, -1) for n in edges.names), np.int64,
+                                  len(edges.names))[edges.nbr]
+            codes = edges.action.astype(np.int64)
+            counted = np.zeros(len(codes), bool)
+            inside = codes < len(self.action_mask)
+            counted[inside] = self.action_mask[codes[inside]]
+            owner = edges.owner
+            keep = counted & (nbr_row >= 0) & is_query[owner] & (edges.w > 0)
+            if cutoff is not None:
+                keep &= edges.first <= cutoff
+            # one per (node, item): several actions or both directions count once
+            x = sp.csr_matrix((np.ones(int(keep.sum()), np.float32), (owner[keep], nbr_row[keep])),
+                              shape=(len(nodes), len(self.items)))
+            x.sum_duplicates()
+            x.data[:] = 1.0
+            out[is_query] = (x @ self.query)[is_query]
+        return out
+
+    def manifest(self) -> dict:
+        return {"items": list(self.items), "actions": list(self.actions),
+                "query_types": list(self.query_types), "settings": self.settings}
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {QUERY: self.query, KEY: self.key}
+
+    @classmethod
+    def from_parts(cls, manifest: Mapping, query: np.ndarray, key: np.ndarray) -> "CollaborativeBlock":
+        items = tuple(manifest["items"])
+        if query.shape != key.shape or query.shape[0] != len(items):
+            raise ValueError(f"collaborative block: {len(items)} items but matrices of shapes "
+                             f"{query.shape} and {key.shape}")
+        return cls(items, np.asarray(query, np.float32), np.asarray(key, np.float32),
+                   tuple(int(a) for a in manifest["actions"]), tuple(manifest["query_types"]),
+                   dict(manifest.get("settings", {})))
+
+    def dumps(self) -> str:
+        return json.dumps(self.manifest(), sort_keys=True)
+
+
+def ease_weights(x: sp.csr_matrix, lam: float) -> np.ndarray:
+    """EASE^R's (I, I) item-item weights for the binary users x items matrix `x`."""
+    g = (x.T @ x).toarray().astype(np.float64)
+    g[np.diag_indices_from(g)] += lam
+    p = np.linalg.inv(g)
+    b = -p / np.diag(p)[None, :]
+    np.fill_diagonal(b, 0.0)
+    return b
+
+
+def holdout_recall(x_before: sp.csr_matrix, truth: Sequence[np.ndarray], users: np.ndarray,
+                   b: np.ndarray, k: int = 20) -> float:
+    """Mean Recall@k of new items for `users` (rows of `x_before`), items they had engaged
+    masked: how the grid point is judged on the holdout."""
+    scores = np.asarray(x_before[users] @ b)
+    seen = x_before[users]
+    scores[seen.nonzero()] = -np.inf
+    top = np.argpartition(-scores, min(k, scores.shape[1] - 1), axis=1)[:, :k]
+    return float(np.mean([len(np.intersect1d(top[i], t)) / len(t) for i, t in enumerate(truth)]))
+
+
+def fit(engagements: Iterable[tuple[str, str, int]], query_types: Sequence[str],
+        item_types: Sequence[str], actions: Sequence[int], cfg: CollaborativeConfig,
+        log=None) -> CollaborativeBlock | None:
+    """Fit the block from time-ordered (user, item, ts) positive engagements of the training
+    window: lambda chosen on its last `cfg.holdout` share (fitted on what came before, new
+    items scored), then refitted on everything and truncated to `cfg.rank`.
+    The scale against the encoder is set later (`scaled`). None when there is nothing to fit."""
+    pairs = [(u, i, t) for u, i, t in engagements
+             if node_type(u) in query_types and node_type(i) in item_types]
+    if cfg.rank == 0 or len(pairs) < 2:
+        return None
+    users_of: dict[str, set[str]] = {}
+    for u, i, _ in pairs:
+        users_of.setdefault(i, set()).add(u)
+    items = sorted(users_of, key=lambda i: (-len(users_of[i]), i))[:cfg.max_items]
+    items.sort()
+    row = {n: j for j, n in enumerate(items)}
+    users = sorted({u for u, _, _ in pairs})
+    urow = {n: j for j, n in enumerate(users)}
+
+    def matrix(sel) -> sp.csr_matrix:
+        r = [urow[u] for u, i, _ in sel if i in row]
+        c = [row[i] for u, i, _ in sel if i in row]
+        x = sp.csr_matrix((np.ones(len(r), np.float32), (r, c)), shape=(len(users), len(items)))
+        x.sum_duplicates()
+        x.data[:] = 1.0
+        return x
+
+    cut = pairs[min(len(pairs) - 1, int(len(pairs) * (1 - cfg.holdout)))][2]
+    before = matrix([p for p in pairs if p[2] < cut])
+    after = matrix([p for p in pairs if p[2] >= cut])
+    new = (after - after.multiply(before)).tocsr()
+    new.eliminate_zeros()
+    judged = np.flatnonzero(np.diff(new.indptr) > 0)
+    truth = [new.indices[new.indptr[u]:new.indptr[u + 1]] for u in judged]
+    tried = {}
+    if len(judged) and before.nnz:
+        for lam in cfg.l2_grid:
+            tried[lam] = holdout_recall(before, truth, judged, ease_weights(before, lam))
+            if log:
+                log.info("collaborative block: lambda %g holdout Recall@20 %.4f", lam, tried[lam])
+    lam = max(tried, key=tried.get) if tried else sorted(cfg.l2_grid)[len(cfg.l2_grid) // 2]
+    b = ease_weights(matrix(pairs), lam)
+    rank = min(cfg.rank, len(items) - 1)
+    u, s, vt = np.linalg.svd(b)
+    root = np.sqrt(s[:rank])
+    settings = {"l2": lam, "holdout_recall@20": {str(k): round(v, 5) for k, v in tried.items()},
+                "rank": rank, "items": len(items), "users": len(users)}
+    return CollaborativeBlock(tuple(items), (u[:, :rank] * root).astype(np.float32),
+                              (vt[:rank].T * root).astype(np.float32), tuple(sorted(actions)),
+                              tuple(query_types), settings)
+
+
+def scaled(block: CollaborativeBlock, encoder_scores: np.ndarray, block_scores: np.ndarray,
+           weight: float) -> CollaborativeBlock:
+    """The block with both sides multiplied by sqrt(c), c = weight x std(encoder scores) /
+    std(block scores) over the same (user, item) pairs: its share of the served inner
+    product, independent of lambda's and the data's units."""
+    spread = float(np.std(block_scores))
+    c = weight * float(np.std(encoder_scores)) / spread if spread > 0 else 0.0
+    root = np.float32(np.sqrt(c))
+    settings = dict(block.settings, scale=round(c, 6), weight=weight)
+    return CollaborativeBlock(block.items, block.query * root, block.key * root, block.actions,
+                              block.query_types, settings)
+
+
+def from_checkpoint(ck) -> CollaborativeBlock | None:
+    """The block of a verified `encoder.checkpoint.Checkpoint`, None when it has none."""
+    doc = (ck.documents or {}).get(FILE)
+    if doc is None:
+        return None
+    if QUERY not in ck.weights or KEY not in ck.weights:
+        raise ValueError(f"{FILE} is present but the weights lack {QUERY} / {KEY}")
+    return CollaborativeBlock.from_parts(doc, ck.weights[QUERY].float().numpy(),
+                                         ck.weights[KEY].float().numpy())
+
+
+def config_dict(cfg: CollaborativeConfig) -> dict:
+    d = asdict(cfg)
+    d["l2_grid"] = list(cfg.l2_grid)
+    return d
