@@ -21,8 +21,7 @@ Only numpy here; `EdgeColumns` is state's data type for a batch's adjacencies.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -38,18 +37,22 @@ QUERY, KEY = "collab.query", "collab.key"     # its (I, rank) matrices in weight
 @dataclass(frozen=True)
 class CollaborativeConfig:
     rank: int = 128                  # block width (0: no block); validation Recall@20 on Online
-                                     # Retail: rank 64 0.108, 128 0.112 (docs/evaluation.md)
-    weight: float = 0.5              # block score spread / encoder score spread
+                                     # Retail: rank 64 0.110, 128 0.113 (docs/evaluation.md)
+    weight: float | None = None      # block score spread / encoder score spread (None: chosen
+                                     # on the holdout from `weight_grid`)
+    weight_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
     l2_grid: tuple[float, ...] = (30.0, 100.0, 300.0, 1000.0, 3000.0)   # EASE^R lambdas tried
-    holdout: float = 0.1             # last share of the training events that chooses lambda
+    holdout: float = 0.1             # last share of the training window's engagements that
+                                     # chooses lambda and the weight
     max_items: int = 10_000          # most-engaged items in the vocabulary (dense I x I solve:
                                      # 10k items take ~0.8 GB and a minute on 2 cores)
 
     def __post_init__(self) -> None:
-        if self.rank < 0 or self.weight < 0 or self.max_items < 2 or not 0 < self.holdout < 1 \
-                or not self.l2_grid or min(self.l2_grid) <= 0:
-            raise ValueError("collaborative: rank >= 0, weight >= 0, max_items >= 2, holdout in "
-                             "(0, 1) and a non-empty l2_grid of positive lambdas")
+        if self.rank < 0 or (self.weight is not None and self.weight < 0) or self.max_items < 2 \
+                or not 0 < self.holdout < 1 or not self.l2_grid or min(self.l2_grid) <= 0 \
+                or not self.weight_grid or min(self.weight_grid) < 0:
+            raise ValueError("collaborative: rank >= 0, weight >= 0 or None, max_items >= 2, "
+                             "holdout in (0, 1), non-empty l2_grid (> 0) and weight_grid (>= 0)")
 
 
 @dataclass
@@ -118,9 +121,6 @@ class CollaborativeBlock:
                    tuple(int(a) for a in manifest["actions"]), tuple(manifest["query_types"]),
                    dict(manifest.get("settings", {})))
 
-    def dumps(self) -> str:
-        return json.dumps(self.manifest(), sort_keys=True)
-
 
 def ease_weights(x: sp.csr_matrix, lam: float) -> np.ndarray:
     """EASE^R's (I, I) item-item weights for the binary users x items matrix `x`."""
@@ -132,68 +132,110 @@ def ease_weights(x: sp.csr_matrix, lam: float) -> np.ndarray:
     return b
 
 
-def holdout_recall(x_before: sp.csr_matrix, truth: Sequence[np.ndarray], users: np.ndarray,
-                   b: np.ndarray, k: int = 20) -> float:
-    """Mean Recall@k of new items for `users` (rows of `x_before`), items they had engaged
-    masked: how the grid point is judged on the holdout."""
-    scores = np.asarray(x_before[users] @ b)
-    seen = x_before[users]
+def truncated(b: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """(U_r S_r^1/2, V_r S_r^1/2): B's best rank-r approximation as a product."""
+    u, s, vt = np.linalg.svd(b)
+    root = np.sqrt(s[:rank])
+    return (u[:, :rank] * root).astype(np.float32), (vt[:rank].T * root).astype(np.float32)
+
+
+def recall_at(scores: np.ndarray, seen: sp.csr_matrix, truth: Sequence[np.ndarray], k: int = 20) -> float:
+    """Mean Recall@k of `truth` (item indices per row) ranking `scores`, `seen` items masked."""
+    scores = np.array(scores, np.float64)
     scores[seen.nonzero()] = -np.inf
     top = np.argpartition(-scores, min(k, scores.shape[1] - 1), axis=1)[:, :k]
     return float(np.mean([len(np.intersect1d(top[i], t)) / len(t) for i, t in enumerate(truth)]))
 
 
-def fit(engagements: Iterable[tuple[str, str, int]], query_types: Sequence[str],
-        item_types: Sequence[str], actions: Sequence[int], cfg: CollaborativeConfig,
-        log=None) -> CollaborativeBlock | None:
-    """Fit the block from time-ordered (user, item, ts) positive engagements of the training
-    window: lambda chosen on its last `cfg.holdout` share (fitted on what came before, new
-    items scored), then refitted on everything and truncated to `cfg.rank`.
-    The scale against the encoder is set later (`scaled`). None when there is nothing to fit."""
-    pairs = [(u, i, t) for u, i, t in engagements
-             if node_type(u) in query_types and node_type(i) in item_types]
-    if cfg.rank == 0 or len(pairs) < 2:
-        return None
-    users_of: dict[str, set[str]] = {}
-    for u, i, _ in pairs:
-        users_of.setdefault(i, set()).add(u)
-    items = sorted(users_of, key=lambda i: (-len(users_of[i]), i))[:cfg.max_items]
-    items.sort()
-    row = {n: j for j, n in enumerate(items)}
-    users = sorted({u for u, _, _ in pairs})
-    urow = {n: j for j, n in enumerate(users)}
+@dataclass
+class Interactions:
+    """Time-ordered positive (user, item, ts) engagements of a training window, over a
+    vocabulary of its `max_items` most-engaged items."""
+    pairs: list[tuple[str, str, int]]
+    users: list[str]
+    items: list[str]
 
-    def matrix(sel) -> sp.csr_matrix:
-        r = [urow[u] for u, i, _ in sel if i in row]
-        c = [row[i] for u, i, _ in sel if i in row]
-        x = sp.csr_matrix((np.ones(len(r), np.float32), (r, c)), shape=(len(users), len(items)))
+    @classmethod
+    def of(cls, engagements: Iterable[tuple[str, str, int]], query_types: Sequence[str],
+           item_types: Sequence[str], max_items: int) -> "Interactions":
+        pairs = [(u, i, t) for u, i, t in engagements
+                 if node_type(u) in query_types and node_type(i) in item_types]
+        users_of: dict[str, set[str]] = {}
+        for u, i, _ in pairs:
+            users_of.setdefault(i, set()).add(u)
+        items = sorted(sorted(users_of, key=lambda i: (-len(users_of[i]), i))[:max_items])
+        return cls(pairs, sorted({u for u, _, _ in pairs}), items)
+
+    def matrix(self, before: int | None = None, since: int | None = None) -> sp.csr_matrix:
+        """Binary users x items of the pairs with ts < `before` and ts >= `since`."""
+        row = {n: j for j, n in enumerate(self.items)}
+        urow = {n: j for j, n in enumerate(self.users)}
+        sel = [(urow[u], row[i]) for u, i, t in self.pairs if i in row
+               and (before is None or t < before) and (since is None or t >= since)]
+        r, c = (np.array(x, np.int64) for x in zip(*sel)) if sel else (np.zeros(0, np.int64),) * 2
+        x = sp.csr_matrix((np.ones(len(r), np.float32), (r, c)), shape=(len(self.users), len(self.items)))
         x.sum_duplicates()
         x.data[:] = 1.0
         return x
 
-    cut = pairs[min(len(pairs) - 1, int(len(pairs) * (1 - cfg.holdout)))][2]
-    before = matrix([p for p in pairs if p[2] < cut])
-    after = matrix([p for p in pairs if p[2] >= cut])
-    new = (after - after.multiply(before)).tocsr()
-    new.eliminate_zeros()
-    judged = np.flatnonzero(np.diff(new.indptr) > 0)
-    truth = [new.indices[new.indptr[u]:new.indptr[u + 1]] for u in judged]
-    tried = {}
-    if len(judged) and before.nnz:
-        for lam in cfg.l2_grid:
-            tried[lam] = holdout_recall(before, truth, judged, ease_weights(before, lam))
-            if log:
-                log.info("collaborative block: lambda %g holdout Recall@20 %.4f", lam, tried[lam])
-    lam = max(tried, key=tried.get) if tried else sorted(cfg.l2_grid)[len(cfg.l2_grid) // 2]
-    b = ease_weights(matrix(pairs), lam)
-    rank = min(cfg.rank, len(items) - 1)
-    u, s, vt = np.linalg.svd(b)
-    root = np.sqrt(s[:rank])
-    settings = {"l2": lam, "holdout_recall@20": {str(k): round(v, 5) for k, v in tried.items()},
-                "rank": rank, "items": len(items), "users": len(users)}
-    return CollaborativeBlock(tuple(items), (u[:, :rank] * root).astype(np.float32),
-                              (vt[:rank].T * root).astype(np.float32), tuple(sorted(actions)),
-                              tuple(query_types), settings)
+    def quantile_time(self, share: float) -> int:
+        return self.pairs[min(len(self.pairs) - 1, int(len(self.pairs) * share))][2]
+
+
+@dataclass
+class Holdout:
+    """The window's split at `at`: what users had engaged before it (`before`), and the users
+    (`judged`, rows) who engaged items new to them from it on, with those items (`truth`)."""
+    at: int
+    before: sp.csr_matrix
+    judged: np.ndarray
+    truth: list[np.ndarray]
+
+    @classmethod
+    def at_time(cls, data: Interactions, at: int) -> "Holdout":
+        before, after = data.matrix(before=at), data.matrix(since=at)
+        new = (after - after.multiply(before)).tocsr()
+        new.eliminate_zeros()
+        judged = np.flatnonzero(np.diff(new.indptr) > 0)
+        return cls(at, before, judged, [new.indices[new.indptr[u]:new.indptr[u + 1]] for u in judged])
+
+    @property
+    def usable(self) -> bool:
+        return len(self.judged) > 0 and self.before.nnz > 0
+
+    def recall(self, scores: np.ndarray) -> float:
+        """Recall@20 of (judged, items) `scores`, items the user had engaged masked."""
+        return recall_at(scores, self.before[self.judged], self.truth)
+
+    def choose_l2(self, grid: Sequence[float]) -> tuple[float, dict[float, float]]:
+        """EASE^R's lambda with the best holdout Recall@20 of the block alone (at full rank)."""
+        tried = {lam: self.recall(np.asarray(self.before[self.judged] @ ease_weights(self.before, lam)))
+                 for lam in grid}
+        return max(tried, key=tried.get), tried
+
+    def choose_weight(self, encoder_scores: np.ndarray, lam: float, rank: int,
+                      grid: Sequence[float]) -> tuple[float, dict[float, float]]:
+        """The block's weight against `encoder_scores` ((judged, items), from a model that had
+        seen nothing from `at` on) with the best holdout Recall@20 of their sum."""
+        q, k = truncated(ease_weights(self.before, lam), rank)
+        block = np.asarray(self.before[self.judged] @ q) @ k.T
+        spread = float(np.std(block)) or 1.0
+        unit = float(np.std(encoder_scores)) / spread
+        tried = {w: self.recall(encoder_scores + w * unit * block) for w in grid}
+        return max(tried, key=tried.get), tried
+
+
+def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
+        query_types: Sequence[str], settings: Mapping | None = None) -> CollaborativeBlock | None:
+    """EASE^R with `lam` on all of `data`, truncated to `rank` (at most items - 1), unscaled
+    (`scaled` sets its weight). None when there is nothing to fit."""
+    if rank == 0 or len(data.items) < 2 or not data.pairs:
+        return None
+    rank = min(rank, len(data.items) - 1)
+    q, k = truncated(ease_weights(data.matrix(), lam), rank)
+    return CollaborativeBlock(tuple(data.items), q, k, tuple(sorted(actions)), tuple(query_types),
+                              dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
+                                   users=len(data.users)))
 
 
 def scaled(block: CollaborativeBlock, encoder_scores: np.ndarray, block_scores: np.ndarray,
@@ -220,7 +262,3 @@ def from_checkpoint(ck) -> CollaborativeBlock | None:
                                          ck.weights[KEY].float().numpy())
 
 
-def config_dict(cfg: CollaborativeConfig) -> dict:
-    d = asdict(cfg)
-    d["l2_grid"] = list(cfg.l2_grid)
-    return d

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -42,14 +41,11 @@ from hirflow.encoder.model import HierarchicalEncoder
 from hirflow.encoder.serving import encoder_from
 from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
 from hirflow.state.events import Engagement
-from hirflow.state.graph import GraphConfig, GraphStore
 from hirflow.state.schema import SchemaConfig, node_type
-from hirflow.state.views import STUDENT, ViewSampler
-from hirflow.state.writer import BOTH_SIDES, GraphWriter
 from hirflow.trainer import baselines as B
 from hirflow.trainer.data import Windows
 from hirflow.trainer.ranking import RankingTask, paired_ratio_ci, per_user_metrics, ranking_task, summarise
-from hirflow.trainer.train import served_embeddings
+from hirflow.trainer.embedding import served_embeddings, state_of
 
 log = logging.getLogger(__name__)
 KS = (10, 20, 50)
@@ -91,18 +87,11 @@ def state_embeddings(model: HierarchicalEncoder, before: Sequence[Engagement], s
     events applied to a fresh graph store, student views sampled as of the cutoff, the
     collaborative `block` appended when given.
     -> (node -> row, embeddings, embeddings of `extra` nodes (with `extra_texts`))."""
-    with tempfile.TemporaryDirectory(prefix="hirflow-eval-") as tmp:
-        store = GraphStore(Path(tmp) / "s", schema, 1)
-        w = GraphWriter(store, GraphConfig(path=str(Path(tmp) / "s")))
-        for i in range(0, len(before), 20_000):
-            w.apply_batch([(e, BOTH_SIDES) for e in before[i:i + 20_000]])
-            w.commit()
-        nodes = sorted({n for e in before for n in (e.src, e.dst)})
-        sampler = ViewSampler(store.reader, schema, STUDENT, seed=0)
+    nodes = sorted({n for e in before for n in (e.src, e.dst)})
+    with state_of(before, schema) as (_, sampler):
         codes = schema.action_codes()
         emb = served_embeddings(model, block, sampler, nodes, cutoff, texts, codes)
         extra_emb = served_embeddings(model, block, sampler, list(extra), cutoff, extra_texts, codes)
-        store.close()
     return {n: i for i, n in enumerate(nodes)}, emb, extra_emb
 
 

@@ -30,7 +30,7 @@ from hirflow.state.schema import SchemaConfig, node_type
 from hirflow.state.views import STUDENT, ViewSampler
 from hirflow.state.writer import BOTH_SIDES, GraphWriter
 from hirflow.trainer.ranking import bootstrap_ci, paired_ratio_ci
-from hirflow.trainer.train import served_embeddings
+from hirflow.trainer.embedding import served_embeddings
 
 HOUR = 3_600_000
 DAY = 24 * HOUR

@@ -36,20 +36,21 @@ from tqdm import tqdm
 
 from hirflow.encoder import checkpoint as ckpt
 from hirflow.encoder import collaborative
-from hirflow.encoder.batching import pack
 from hirflow.encoder.hierarchy import fit_tree
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
 from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
-from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.events import Engagement
-from hirflow.state.schema import SchemaConfig, node_type
-from hirflow.state.views import STUDENT, TEACHER, ViewConfig, ViewSampler
+from hirflow.state.schema import SchemaConfig
+from hirflow.state.views import STUDENT, TEACHER, ViewConfig
 from hirflow.trainer import losses as L
 from hirflow.trainer import resume as resume_mod
+from hirflow.trainer.collaborative_fit import CollaborativeFit
+from hirflow.trainer.embedding import block_rows, embed
 from hirflow.trainer.pipeline import BatchPipeline, ChunkDone, Prepared, chunk_plan
 from hirflow.trainer.schedules import cosine, teacher_momentum
 
 log = logging.getLogger(__name__)
+HOLDOUT_KEY = "collaborative_holdout"    # the block's holdout choice, in resume snapshots
 
 
 class NonFiniteLoss(RuntimeError):
@@ -179,11 +180,13 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
                                 enc_cfg.to_dict(), parent, init.id if init is not None else None,
                                 _texts_digest(texts))
     modules = {"student": student, "teacher": teacher, "head": head}
+    collab = CollaborativeFit(events, schema, cfg.collaborative)
     start_chunk, step, metrics = 0, 0, {}
     if resume:
         got = resume_mod.load(snap_dir, fp, modules, opt)
         if got is not None:
             start_chunk, step, metrics = got
+            collab.choice = metrics.pop(HOLDOUT_KEY, None)
             log.info("resuming at chunk %d, step %d of %d", start_chunk, step, steps)
     logf = _open_log(cfg.log_path, step) if cfg.log_path else None
     timing = {"wait_s": 0.0, "model_s": 0.0, "anchors": 0, "steps": 0, "passes": passes}
@@ -207,10 +210,13 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
                     if cfg.snapshot_chunks and (item.chunk + 1) % cfg.snapshot_chunks == 0 \
                             and item.chunk + 1 < len(plan) \
                             and time.perf_counter() - last_snapshot >= cfg.snapshot_every_s:
-                        resume_mod.save(snap_dir, fp, item.chunk + 1, step, modules, opt, metrics)
+                        resume_mod.save(snap_dir, fp, item.chunk + 1, step, modules, opt,
+                                        {**metrics, HOLDOUT_KEY: collab.choice})
                         last_snapshot = time.perf_counter()
                     continue
                 timing["wait_s"] += time.perf_counter() - t
+                if collab.due(item.cutoff):          # nothing from here on trained yet
+                    collab.choose(student, item.cutoff, texts, dev)
                 t = time.perf_counter()
                 m = _step(item, student, teacher, head, opt, funnel, cfg, dev, lr[step], mom[step])
                 timing["model_s"] += time.perf_counter() - t
@@ -226,7 +232,7 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
             emb_nodes = sorted(pipe.seen)
             final = pipe.final_sampler(cfg.student_view)
             embs = embed(student, final, emb_nodes, events[-1].ts, enc_cfg, texts, dev)
-            block = _collaborative(events, schema, cfg.collaborative, embs, emb_nodes, final)
+            block = collab.block(embs, emb_nodes, final)
             served = embs if block is None else np.concatenate(
                 [embs, block_rows(block, final, emb_nodes, schema.action_codes())], axis=1)
         finally:
@@ -288,44 +294,6 @@ def _plan(events, cfg: TrainConfig) -> tuple[list, int]:
         return first, cfg.passes
     passes = max(cfg.passes, math.ceil(cfg.min_steps / per_pass))
     return (first if passes == cfg.passes else plan(passes)), passes
-
-
-def _collaborative(events, schema: SchemaConfig, cfg: collaborative.CollaborativeConfig,
-                   embs: np.ndarray, nodes: list[str], sampler: ViewSampler):
-    """The collaborative block fitted on the training window's positive engagements (either
-    direction of a user-item edge), scaled against the encoder's user-item scores."""
-    positive = sorted(a for a, s in schema.all_actions.items() if s.sign > 0 and not s.structural)
-    keep = set(positive)
-    pairs = ((a, b, e.ts) for e in events if e.action in keep
-             for a, b in ((e.src, e.dst), (e.dst, e.src)))
-    codes = schema.action_codes()
-    t = time.perf_counter()
-    block = collaborative.fit(pairs, (schema.user_type,), schema.item_node_types,
-                              [codes[a] for a in positive], cfg, log)
-    if block is None:
-        return None
-    row = {n: i for i, n in enumerate(nodes)}
-    users = [n for n in nodes if node_type(n) == schema.user_type][:2000]
-    items = [n for n in block.items if n in row]
-    raw = block_rows(block, sampler, users, codes)
-    key = block.key[[block.row[n] for n in items]]
-    enc = embs[[row[n] for n in users]] @ embs[[row[n] for n in items]].T
-    block = collaborative.scaled(block, enc, raw @ key.T, cfg.weight)
-    log.info("collaborative block: %d items, rank %d, lambda %g, scale %.4g (%.1f s)",
-             len(block.items), block.rank, block.settings["l2"], block.settings["scale"],
-             time.perf_counter() - t)
-    return block
-
-
-def block_rows(block: collaborative.CollaborativeBlock, sampler: ViewSampler, nodes: list[str],
-               codes, cutoff: int | None = None, chunk: int = 8192) -> np.ndarray:
-    """(len(nodes), rank) collaborative blocks of `nodes` from the records `sampler` reads."""
-    out = [np.zeros((0, block.rank), np.float32)]
-    for i in range(0, len(nodes), chunk):
-        part = nodes[i:i + chunk]
-        edges = EdgeColumns.from_states(part, sampler.records(part), codes)
-        out.append(block.blocks(part, edges, cutoff))
-    return np.concatenate(out)
 
 
 def _fitting_quantizer(q: QuantizerConfig, n: int) -> QuantizerConfig:
@@ -435,28 +403,3 @@ def _step(b: Prepared, student, teacher, head, opt, funnel, cfg: TrainConfig, de
     return {"loss": float(loss.detach()), "distill": float(distill.detach()),
             "engage": float(engage.detach()), "hierarchy": float(hier.detach()), "lr": float(lr),
             "momentum": float(momentum)}
-
-
-def served_embeddings(model: HierarchicalEncoder, block: collaborative.CollaborativeBlock | None,
-                      sampler: ViewSampler, nodes: list[str], cutoff: int, texts, codes) -> np.ndarray:
-    """What a worker serves for `nodes` as of `cutoff`: the encoder's embedding followed by
-    the collaborative block (edges that existed at `cutoff`), when the checkpoint has one."""
-    emb = embed(model, sampler, nodes, cutoff, model.cfg, texts, model.device)
-    if block is None:
-        return emb
-    return np.concatenate([emb, block_rows(block, sampler, nodes, codes, cutoff)], axis=1)
-
-
-@torch.no_grad()
-def embed(model: HierarchicalEncoder, sampler: ViewSampler, nodes: list[str], cutoff: int,
-          enc_cfg: EncoderConfig, texts, dev, batch: int = 512) -> np.ndarray:
-    """(len(nodes), d_emb) embeddings from student views as of `cutoff` (inference)."""
-    model.eval()
-    out = []
-    for i in range(0, len(nodes), batch):
-        views = sampler.sample(nodes[i:i + batch], cutoff)
-        b = pack(views, enc_cfg.pack, knowledge=texts).to(dev)
-        emb, _ = model(b, model.backend(training=False, max_view=max(b.view_sizes)))
-        out.append(emb.float().cpu().numpy())
-    model.train()
-    return np.concatenate(out) if out else np.zeros((0, enc_cfg.d_emb), np.float32)

@@ -12,32 +12,37 @@ from hirflow.state.node import OUT, NodeState
 ITEMS = [f"product:{i}" for i in range(6)]
 
 
-def engagements(rng: np.random.Generator, users: int = 40, per_user: int = 4):
-    """Time-ordered (user, item, ts): each user buys a few items of a 6-item shop, items
-    0-2 and 3-5 bought together more often."""
-    out, t = [], 0
+def engagements(rng: np.random.Generator, users: int = 40, per_user: int = 4, groups: int = 2,
+                per_group: int = 3):
+    """Time-ordered (user, item, ts), users' purchases interleaved in time: each buys a few
+    items of a shop of `groups` x `per_group` items, mostly from one group."""
+    n = groups * per_group
+    out = []
     for u in range(users):
-        group = rng.integers(0, 2)
+        g = int(rng.integers(0, groups))
         for _ in range(per_user):
-            i = int(rng.integers(0, 3)) + 3 * int(group) if rng.random() < 0.8 else int(rng.integers(0, 6))
-            t += int(rng.integers(1, 1000))
-            out.append((f"user:{u}", ITEMS[i], t))
+            i = g * per_group + int(rng.integers(0, per_group)) if rng.random() < 0.8 else int(rng.integers(0, n))
+            out.append((f"user:{u}", f"product:{i}", int(rng.integers(0, 1_000_000))))
     return sorted(out, key=lambda x: x[2])
 
 
-def test_a_full_rank_block_scores_as_ease_and_lambda_comes_from_the_grid():
+def test_a_block_scores_as_rank_truncated_ease_and_the_holdout_chooses_from_its_grids():
     rng = np.random.default_rng(0)
     pairs = engagements(rng)
-    cfg = C.CollaborativeConfig(rank=64, l2_grid=(1.0, 10.0, 100.0))
-    block = C.fit(pairs, ("user",), ("product",), [3], cfg)
-    assert block.items == tuple(ITEMS) and block.rank == 5          # at most items - 1
-    assert block.settings["l2"] in cfg.l2_grid and len(block.settings["holdout_recall@20"]) == 3
-    users = sorted({u for u, _, _ in pairs})
-    x = sp.csr_matrix((np.ones(len(pairs)), ([users.index(u) for u, _, _ in pairs],
-                                              [ITEMS.index(i) for _, i, _ in pairs])), shape=(len(users), 6))
-    x.data[:] = 1.0
-    b = C.ease_weights(x, block.settings["l2"])
-    # rank I - 1 drops only the smallest singular direction of B
+    data = C.Interactions.of(pairs, ("user",), ("product",), max_items=10)
+    assert data.items == sorted(ITEMS)
+    h = C.Holdout.at_time(data, data.quantile_time(0.8))
+    assert h.usable and all(t.size for t in h.truth)
+    # the holdout's truth: items new to the user from `at` on, never ones it had before
+    assert not any(h.before[u, t].sum() for u, t in zip(h.judged, h.truth))
+    lam, tried = h.choose_l2((1.0, 10.0, 100.0))
+    assert set(tried) == {1.0, 10.0, 100.0} and tried[lam] == max(tried.values())
+    w, w_tried = h.choose_weight(np.zeros((len(h.judged), 6)), lam, 3, (0.5, 2.0))
+    assert w in (0.5, 2.0) and w_tried[w] == max(w_tried.values())
+
+    block = C.fit(data, lam, 64, [3], ("user",))
+    assert block.items == tuple(sorted(ITEMS)) and block.rank == 5   # at most items - 1
+    b = C.ease_weights(data.matrix(), lam)
     u, s, vt = np.linalg.svd(b)
     np.testing.assert_allclose(block.query @ block.key.T, (u[:, :5] * s[:5]) @ vt[:5], atol=1e-5)
     # encoder scores spread (std) 2, block scores 0.5, weight 0.5: block scores times 2
@@ -47,11 +52,30 @@ def test_a_full_rank_block_scores_as_ease_and_lambda_comes_from_the_grid():
                                rtol=1e-5, atol=1e-6)
 
 
+def test_the_weight_follows_the_signal_the_holdout_rewards():
+    """Encoder scores that know the holdout's answers win a small weight; scores that are
+    noise leave the ranking to the block (the largest weight)."""
+    rng = np.random.default_rng(2)
+    pairs = engagements(rng, users=300, per_user=6, groups=8, per_group=8)
+    data = C.Interactions.of(pairs, ("user",), ("product",), max_items=100)
+    h = C.Holdout.at_time(data, data.quantile_time(0.7))
+    n = len(data.items)
+    assert n > 40                               # Recall@20 must be able to miss
+    oracle = np.zeros((len(h.judged), n))
+    for i, t in enumerate(h.truth):
+        oracle[i, t] = 1.0
+    assert h.choose_weight(oracle, 10.0, 16, (0.01, 100.0))[0] == 0.01
+    noise = rng.standard_normal((len(h.judged), n))
+    assert h.choose_weight(noise, 10.0, 16, (0.01, 100.0))[0] == 100.0
+
+
 def test_nothing_to_fit_gives_no_block():
-    cfg = C.CollaborativeConfig()
-    assert C.fit([], ("user",), ("product",), [0], cfg) is None
-    assert C.fit([("user:1", "product:1", 1)] * 5, ("user",), ("product",), [0],
-                 C.CollaborativeConfig(rank=0)) is None
+    empty = C.Interactions.of([], ("user",), ("product",), 10)
+    assert C.fit(empty, 10.0, 8, [0], ("user",)) is None
+    one = C.Interactions.of([("user:1", "product:1", 1)] * 5, ("user",), ("product",), 10)
+    assert C.fit(one, 10.0, 8, [0], ("user",)) is None                # one item: nothing to learn
+    assert C.fit(C.Interactions.of(engagements(np.random.default_rng(0)), ("user",), ("product",), 10),
+                 10.0, 0, [0], ("user",)) is None                   # rank 0: no block
 
 
 edge = st.tuples(st.integers(0, 7),            # neighbour: products 0-5 (6-7 outside the vocabulary)
