@@ -10,7 +10,7 @@ and LightGCN-style propagation, each tuned on the validation window (the 10 % be
 Reports Recall@20 / NDCG@20 with 95 % intervals, the paired ratio to the best baseline,
 training time and peak memory.
 
-    python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--device cpu|cuda]
+    python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--device cpu|cuda] [--seed N]
 
 The Online Retail file (`online_retail.csv.gz`, see `streams/adapters/online_retail.py`) is
 read from --online-retail or $HIRFLOW_ONLINE_RETAIL; without it that data set is skipped.
@@ -82,7 +82,7 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
         later = world_knowledge(ents, w.end, encode)
     levels = (4, 16, 64) if a.quick else (16, 128, 1024)
     enc = EncoderConfig.for_schema(schema, levels=levels, score_bias=a.score_bias)
-    cfg = TrainConfig(seed=0, passes=a.passes, snapshot_chunks=0,
+    cfg = TrainConfig(seed=a.seed, passes=a.passes, snapshot_chunks=0,
                       max_steps_per_chunk=2 if a.quick else None)
     stats: dict = {}
     t = time.perf_counter()
@@ -149,6 +149,7 @@ def main() -> None:
     ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
                     help="MiniLM texts as world knowledge (default: on, off with --quick)")
     ap.add_argument("--device", choices=["cpu", "cuda"])
+    ap.add_argument("--seed", type=int, default=0, help="training seed (the data sets are fixed)")
     ap.add_argument("--out", type=Path, help="keep checkpoints and metrics here")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -147,3 +147,15 @@ def test_served_embeddings_carry_the_block_through_the_checkpoint(tiny_checkpoin
         assert "adjacencies" in str(exc)
     else:
         raise AssertionError("a model with a block encoded without the anchors' adjacencies")
+
+
+def test_large_catalogues_truncate_with_arpack_to_the_same_product():
+    """Past 5,000 items the top-r factors come from ARPACK: the same rank-r product as the
+    full SVD's."""
+    rng = np.random.default_rng(3)
+    n, r = 5200, 8
+    low = rng.standard_normal((n, r)) @ np.diag(np.arange(r, 0, -1.0) * 10) @ rng.standard_normal((r, n)) / n
+    b = low + rng.standard_normal((n, n)) * 1e-4 / n
+    q, k = C.truncated(b, r)
+    assert q.shape == k.shape == (n, r)
+    np.testing.assert_allclose(q @ k.T, low, atol=1e-6)       # the noise is 1e-4 / n
