@@ -45,7 +45,7 @@ class Checkpoint:
     manifest: dict[str, Any]
     weights: dict[str, torch.Tensor]
     codebooks: np.ndarray | None
-    documents: dict[str, Any] = None     # file name -> parsed content of its further JSON files
+    documents: dict[str, Any] | None = None   # file name -> content of its further JSON files
 
     @property
     def id(self) -> str:

@@ -13,11 +13,12 @@ user embedding rank better than a stale one.
 Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes
 live in the first d_emb coordinates only. Nodes of other types, and items outside the
 block's vocabulary (new items, or past `max_items`), get zeros: they rank by the encoder's
-coordinates alone, as a cold item must. The block's weight against the encoder's score
-(`weight`, on a scale measured after training) and lambda (chosen on the last share of the
-training window) are in docs/evaluation.md with the validation figures that chose them.
+coordinates alone, as a cold item must. Lambda and the block's weight against the encoder's
+score (`weight`: the block's score spread over the encoder's) are chosen by the trainer on a
+holdout of its own window (`trainer.collaborative_fit`); docs/evaluation.md has the
+validation figures behind the rank and the grids.
 
-Only numpy here; `EdgeColumns` is state's data type for a batch's adjacencies.
+numpy and scipy only; `EdgeColumns` is state's data type for a batch's adjacencies.
 """
 from __future__ import annotations
 
@@ -273,5 +274,3 @@ def from_checkpoint(ck) -> CollaborativeBlock | None:
         raise ValueError(f"{FILE} is present but the weights lack {QUERY} / {KEY}")
     return CollaborativeBlock.from_parts(doc, ck.weights[QUERY].float().numpy(),
                                          ck.weights[KEY].float().numpy())
-
-

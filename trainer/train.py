@@ -180,7 +180,13 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
                                 enc_cfg.to_dict(), parent, init.id if init is not None else None,
                                 _texts_digest(texts))
     modules = {"student": student, "teacher": teacher, "head": head}
-    collab = CollaborativeFit(events, schema, cfg.collaborative)
+    ccfg = cfg.collaborative
+    parent_weight = (init.manifest.get("collaborative") or {}).get("weight") if init is not None else None
+    if ccfg.weight is None and parent_weight is not None:
+        # a run continuing a checkpoint has a student that saw this window's holdout (its
+        # parent trained up to a recent cutoff): it keeps the weight its parent chose
+        ccfg = dataclasses.replace(ccfg, weight=float(parent_weight))
+    collab = CollaborativeFit(events, schema, ccfg)
     start_chunk, step, metrics = 0, 0, {}
     if resume:
         got = resume_mod.load(snap_dir, fp, modules, opt)
