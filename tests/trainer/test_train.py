@@ -112,6 +112,9 @@ def test_warm_start_continues_from_the_parent_weights(tmp_path):
     again = load(train(events(), schema, enc, cfg, tmp_path / "b", progress=False, init=first,
                        parent=first.id))
     assert again.manifest["parent"] == again.manifest["init"] == first.id and again.id != first.id
+    # its student saw this window's holdout: the collaborative weight is the parent's, not chosen
+    assert again.manifest["collaborative"]["weight"] == first.manifest["collaborative"]["weight"]
+    assert again.manifest["collaborative"]["holdout"]["weight_recall@20"] == {}
     other = EncoderConfig.for_schema(schema, levels=(4, 8), d_model=32, d_ff=64, d_emb=32)
     with pytest.raises(ValueError, match="another encoder config"):
         train(events(), schema, other, cfg, tmp_path / "c", progress=False, init=first)
