@@ -55,6 +55,10 @@ class WorkerConfig:
     query_queue: int = 64               # queries that may wait for a thread; more get 429
     api_token: str = ""                 # when set, /v1 needs "Authorization: Bearer <token>"
                                         # (set it from a Secret: HIRFLOW_WORKER__API_TOKEN)
+    peer_url: str = ""                  # worker k's API base URL, {index} standing for k
+                                        # (http://hirflow-{index}.hirflow-headless:6066): queries
+                                        # about another worker's node are forwarded to it
+                                        # ("": answered here, 404 for another worker's node)
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < self.count:
@@ -63,6 +67,9 @@ class WorkerConfig:
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
         if self.query_threads < 1 or self.query_queue < 0:
             raise ValueError("worker.query_threads must be >= 1 and query_queue >= 0")
+        if self.peer_url and "{index}" not in self.peer_url:
+            raise ValueError(f"worker.peer_url must hold {{index}} where the worker's index goes, "
+                             f"got {self.peer_url!r}")
 
 
 @dataclass(frozen=True)

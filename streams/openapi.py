@@ -38,7 +38,8 @@ def document(version: str) -> dict:
             "/health": _op("Liveness: ingest and refresh threads alive and not stalled", []),
             "/ready": _op("Readiness: caught up with the engagement topic once", []),
             "/metrics": _op("Prometheus metrics (text format)", []),
-            "/v1/status": _op("Model, index generation, backlogs, hot-swap progress", []),
+            "/v1/status": _op("Model, index generation, backlogs, hot-swap progress, and the "
+                               "worker's assignment (index, count, partitions)", []),
             "/v1/nodes/{node}": _op("Embedding, BoM tokens, assignment per level, seq",
                                     [_p("node", "node id, e.g. user:42")]),
             "/v1/retrieve": _op("Ads/products for a user: shared-token candidates re-ranked by "

@@ -4,7 +4,8 @@
 Queries run in a pool of `worker.query_threads` threads, never on the event loop that also
 answers health checks and runs the entity agent; at most `worker.query_queue` more wait, and
 a request beyond that is answered 429 at once. With `worker.api_token` set, /v1 asks for
-`Authorization: Bearer <token>` (the probes and /metrics stay open)."""
+`Authorization: Bearer <token>` (the probes and /metrics stay open). A query about a node
+another worker owns is forwarded to it when `worker.peer_url` is set (`streams.routing`)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +19,7 @@ from faust.web import Request, Response, View
 from hirflow.streams.metrics import exposition
 from hirflow.streams.openapi import document
 from hirflow.streams.query import QueryError
+from hirflow.streams.routing import NodeRouter
 from hirflow.streams.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     pool = ThreadPoolExecutor(wcfg.query_threads, thread_name_prefix="hirflow-query")
     admitted = 0                       # queries running or waiting for a thread
     token = wcfg.api_token.encode()
+    router = NodeRouter(wcfg.index, wcfg.count, runtime.cfg.kafka.partitions, wcfg.peer_url)
 
     def authorised(request: Request) -> bool:
         if not token:
@@ -35,13 +38,18 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
         given = request.headers.get("Authorization", "")
         return given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token)
 
-    async def answer(view: View, request: Request, fn) -> Response:
+    async def answer(view: View, request: Request, fn, node: str | None = None) -> Response:
         """Run a query in the pool; QueryError -> its 4xx, anything unexpected -> 500 with a
-        log line."""
+        log line. A query about `node`, which another worker owns, goes to that worker."""
         nonlocal admitted
         if not authorised(request):
             return view.json({"error": "missing or wrong bearer token (worker.api_token)"},
                              status=401, headers={"WWW-Authenticate": "Bearer"})
+        owner = router.remote(node, request.headers)
+        if owner is not None:
+            status, body = await router.forward(owner, request.path_qs,
+                                                request.headers.get("Authorization"))
+            return view.bytes(body, status=status, content_type="application/json")
         if runtime.query is None:
             return view.json({"error": "refresh is disabled on this worker (refresh.enabled)"},
                              status=503)
@@ -87,22 +95,25 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     @app.page("/v1/status")
     class Status(View):
         async def get(self, request: Request) -> Response:
-            return await answer(self, request, lambda: runtime.query.status())
+            return await answer(self, request,
+                                lambda: {**runtime.query.status(), "assignment": router.assignment()})
 
     @app.page("/v1/nodes/{node}")
     class Node(View):
         async def get(self, request: Request, node: str) -> Response:
-            return await answer(self, request, lambda: runtime.query.node(node))
+            return await answer(self, request, lambda: runtime.query.node(node), node)
 
     @app.page("/v1/retrieve")
     class Retrieve(View):
         async def get(self, request: Request) -> Response:
-            return await answer(self, request, lambda: runtime.query.retrieve(request.query))
+            return await answer(self, request, lambda: runtime.query.retrieve(request.query),
+                                request.query.get("user"))
 
     @app.page("/v1/similar")
     class Similar(View):
         async def get(self, request: Request) -> Response:
-            return await answer(self, request, lambda: runtime.query.similar(request.query))
+            return await answer(self, request, lambda: runtime.query.similar(request.query),
+                                request.query.get("node"))
 
     @app.page("/v1/primitives/{level}/{prim}")
     class Primitive(View):
@@ -113,4 +124,5 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     @app.page("/v1/proximity")
     class Proximity(View):
         async def get(self, request: Request) -> Response:
-            return await answer(self, request, lambda: runtime.query.proximity(request.query))
+            return await answer(self, request, lambda: runtime.query.proximity(request.query),
+                                request.query.get("node"))

@@ -2,6 +2,7 @@
 health, readiness, metrics and the entity agent answer."""
 import json
 import random
+import socket
 import time
 
 import pytest
@@ -312,3 +313,61 @@ def test_kill_9_of_one_of_two_workers_loses_no_forwarded_side(cfg, tmp_path, wor
     with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
         apply_direct(store, evs, cfg.graph)
         assert_same_state(merged, digest(store))
+
+
+def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_path, workers):
+    """Two workers, each owning half the partitions, with `worker.peer_url` pointing at each
+    other: either answers for every node (the owner's answer, passed on), reports its
+    assignment, and a request that was forwarded already is never forwarded again."""
+    from hirflow.streams.routing import FORWARDED, NodeRouter
+    now = int(time.time() * 1000)
+    users = [f"user:{i}" for i in range(12)]
+    p = clients.producer(cfg.kafka)
+    for i, u in enumerate(users):
+        p.produce(Topics(cfg.kafka.topic_prefix).engagements,
+                  json.dumps({"src": u, "dst": f"ad:{i}", "action": "click", "ts": now}).encode(), u.encode())
+    assert p.flush(30) == 0
+    router = NodeRouter(0, 2, cfg.kafka.partitions)
+    assert {router.owner(u) for u in users} == {0, 1}              # both workers own some
+    port = free_ports_ending_in_0_and_1()            # so that "...:<prefix>{index}" names both
+
+    def env(i):
+        return {"HIRFLOW_WORKER__COUNT": "2", "HIRFLOW_WORKER__INDEX": str(i),
+                "HIRFLOW_WORKER__WEB_PORT": str(port + i),
+                "HIRFLOW_WORKER__PEER_URL": f"http://127.0.0.1:{port // 10}" + "{index}",
+                "HIRFLOW_GRAPH__PATH": str(tmp_path / f"w{i}"), "HIRFLOW_INGEST__GROUP_ID": f"ingest-w{i}",
+                "HIRFLOW_WORKER__APP_ID": f"hirflow-w{i}", "HIRFLOW_WORKER__KNOWLEDGE": "false"}
+    ws = [workers(env(i)) for i in range(2)]
+    for i, w in enumerate(ws):
+        w.port = port + i
+    try:
+        for i, w in enumerate(ws):
+            mine = [u for u in users if router.owner(u) == i]
+            w.wait_metric("hirflow_index_nodes", len(mine), timeout=90)
+            _wait_refreshed(w)
+        for w in ws:
+            got = {u: w.get(f"/v1/nodes/{u}") for u in users}
+            assert {u: s for u, (s, _) in got.items()} == {u: 200 for u in users}
+            assert all(json.loads(b)["node"] == u for u, (_, b) in got.items())
+            assert w.get(f"/v1/retrieve?user={users[0]}&k=3")[0] == 200
+        status = [json.loads(w.get("/v1/status")[1])["assignment"] for w in ws]
+        assert [s["index"] for s in status] == [0, 1] and all(s["count"] == 2 for s in status)
+        assert sorted(p for s in status for p in s["partitions"]) == list(range(cfg.kafka.partitions))
+        other = next(u for u in users if router.owner(u) == 1)
+        assert ws[0].get(f"/v1/nodes/{other}", {FORWARDED: "1"})[0] == 404     # not bounced back
+    finally:
+        for w in ws:
+            assert w.stop() == 0
+
+
+def free_ports_ending_in_0_and_1() -> int:
+    """A free loopback port p = 10k whose neighbour p + 1 is free too."""
+    for p in range(20_000, 60_000, 10):
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no two free neighbouring ports")

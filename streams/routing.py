@@ -1,0 +1,61 @@
+"""Routed node queries: which worker owns a node, and forwarding a query to it.
+
+A node lives on its Kafka partition's worker (`p % worker.count == worker.index`), so a
+Service in front of several workers reaches the wrong one for most nodes. With
+`worker.peer_url` set (worker k's API base URL, `{index}` standing for k; the chart points
+it at the StatefulSet's headless Service), a worker answers a query about another worker's
+node by asking that worker and passing its answer on, status and body unchanged. A
+forwarded request carries `X-Hirflow-Forwarded-By`; a worker never forwards such a request
+again, so two workers that disagree about ownership cannot bounce a query between them.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+
+from hirflow.state.keys import partition_of
+
+FORWARDED = "X-Hirflow-Forwarded-By"
+TIMEOUT_S = 5.0
+
+
+class NodeRouter:
+    def __init__(self, index: int, count: int, partitions: int, peer_url: str = "") -> None:
+        self.index, self.count, self.partitions, self.peer_url = index, count, partitions, peer_url
+        self._session: aiohttp.ClientSession | None = None
+
+    def owner(self, node: str) -> int:
+        return partition_of(node, self.partitions) % self.count
+
+    def owned(self) -> list[int]:
+        return [p for p in range(self.partitions) if p % self.count == self.index]
+
+    def assignment(self) -> dict:
+        """What `/v1/status` reports: this worker, the worker count, its partitions."""
+        return {"index": self.index, "count": self.count, "partitions": self.owned(),
+                "routes_to": self.peer_url or None}
+
+    def remote(self, node: str | None, headers) -> int | None:
+        """The owner to forward a query about `node` to, or None to answer here (a local
+        node, no peer URL, or a request that was forwarded already)."""
+        if not node or not self.peer_url or self.count == 1 or FORWARDED in headers:
+            return None
+        owner = self.owner(node)
+        return None if owner == self.index else owner
+
+    async def forward(self, owner: int, path_qs: str, authorization: str | None) -> tuple[int, bytes]:
+        """GET `path_qs` on worker `owner` -> (status, JSON body); 502 when it cannot answer."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S))
+        headers = {FORWARDED: str(self.index)}
+        if authorization:
+            headers["Authorization"] = authorization
+        url = self.peer_url.format(index=owner).rstrip("/") + path_qs
+        try:
+            async with self._session.get(url, headers=headers) as r:
+                return r.status, await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            return 502, json.dumps({"error": f"worker {owner}, which owns this node, did not "
+                                             f"answer at {url.split('?')[0]}: {type(exc).__name__}"}).encode()
