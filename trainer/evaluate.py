@@ -153,7 +153,8 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     index, emb, cold_emb = state_embeddings(model, before, schema, windows.val_end - 1, texts, cold,
                                             later_texts, block)
     metrics: dict = {"checkpoint": ck.id, "test_events": len(test), "windows": windows.__dict__,
-                     "embed_seconds": round(time.perf_counter() - t, 1)}
+                     "embed_seconds": round(time.perf_counter() - t, 1),
+                     "collaborative": ck.manifest.get("collaborative")}   # its lambda, weight
     for name, acts in (("next_engagement", positive_actions(schema)),
                        ("deep_funnel", deep_funnel_actions(schema))):
         if not acts:
