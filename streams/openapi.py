@@ -43,7 +43,15 @@ def document(version: str) -> dict:
             "/v1/nodes/{node}": _op("Embedding, BoM tokens, assignment per level, seq",
                                     [_p("node", "node id, e.g. user:42")]),
             "/v1/retrieve": _op("Ads/products for a user: shared-token candidates re-ranked by "
-                                "inner product", [_q("user", "user node id", True), _K, _TYPES, _PROBES]),
+                                "inner product; with several workers and worker.peer_url, every "
+                                "worker's items, merged by score (`workers`: asked, answered)",
+                                [_q("user", "user node id", True), _K, _TYPES, _PROBES]),
+            "/v1/internal/search": _op("Worker to worker: this worker's items for another "
+                                       "worker's user query (409 when it serves another model)",
+                                       [_q("q", "the user's embedding, base64 float32", True),
+                                        _q("tokens", "the user's BoM tokens, comma-separated", True),
+                                        _q("model", "the model the query comes from", True),
+                                        _K, _TYPES, _PROBES]),
             "/v1/similar": _op("Nodes nearest a node", [_q("node", "node id", True), _K, _TYPES, _PROBES]),
             "/v1/primitives/{level}/{prim}": _op(
                 "Members of a primitive (closest to its prototype first) and related primitives "

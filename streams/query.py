@@ -7,8 +7,11 @@ what is wrong; nothing a caller sends may produce a 500.
 """
 from __future__ import annotations
 
+import base64
 import time
 from typing import Callable, Iterable, Mapping
+
+import numpy as np
 
 from hirflow.state.supergraph import SuperGraph
 from hirflow.streams.serving_snapshot import ServingSnapshot
@@ -90,20 +93,45 @@ class QueryService:
         return out
 
     def retrieve(self, params) -> dict:
-        """Ads/products (or `types`) for a user: shared-token candidates re-ranked by dot."""
+        """Ads/products (or `types`) for a user: shared-token candidates re-ranked by dot.
+        The answer also carries the user's `query` (embedding, base64 float32, and tokens),
+        with which the other workers search their own items (`search`)."""
         user = self._node(params, "user")
         k = _int(params, "k", 50, 1, MAX_K)
         probes = _int(params, "probes", DEFAULT_PROBES, 0, MAX_PROBES)
         types = self._types(params) or list(self.item_types)
         mem = self.serving().memory
         t0 = time.perf_counter()
-        # reads the user's row under the index lock: a compaction reorders rows
-        hits = mem.similar(user, k, types, probes=probes)
-        if hits is None:
+        got = mem.get(user)                  # one consistent row (a compaction reorders rows)
+        if got is None:
             raise QueryError(404, f"{user} is not in the index")
+        q = np.asarray(got["embedding"], np.float32)
+        hits = mem.search(q, got["tokens"], k, types, exclude=[user], probes=probes)
         return {"user": user, "model": mem.model, "types": types,
                 "took_ms": round((time.perf_counter() - t0) * 1000, 3),
-                "results": [{"node": n, "score": round(s, 6)} for n, s in hits]}
+                "results": [{"node": n, "score": round(s, 6)} for n, s in hits],
+                "query": {"embedding": base64.b64encode(q.tobytes()).decode(), "tokens": got["tokens"],
+                          "k": k}}
+
+    def search(self, params) -> dict:
+        """This worker's items for another worker's query (`retrieve`'s `query`): `q` the
+        embedding (base64 float32), `tokens` comma-separated, `model` the model it came
+        from (another model's scores do not compare: 409)."""
+        k = _int(params, "k", 50, 1, MAX_K)
+        probes = _int(params, "probes", DEFAULT_PROBES, 0, MAX_PROBES)
+        types = self._types(params) or list(self.item_types)
+        mem = self.serving().memory
+        if params.get("model") != mem.model:
+            raise QueryError(409, f"this worker serves model {mem.model}, not {params.get('model')!r}")
+        try:
+            q = np.frombuffer(base64.b64decode(params.get("q", ""), validate=True), np.float32)
+            tokens = [int(t) for t in params.get("tokens", "").split(",") if t]
+        except ValueError:
+            raise QueryError(400, "q must be base64 float32 and tokens comma-separated integers") from None
+        if len(q) != mem.d:
+            raise QueryError(400, f"q has {len(q)} floats, the index {mem.d}")
+        hits = mem.search(q, tokens, k, types, probes=probes)
+        return {"model": mem.model, "results": [{"node": n, "score": round(s, 6)} for n, s in hits]}
 
     def similar(self, params) -> dict:
         node = self._node(params)

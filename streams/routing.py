@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from urllib.parse import urlencode
 
 import aiohttp
 
@@ -44,6 +45,34 @@ class NodeRouter:
             return None
         owner = self.owner(node)
         return None if owner == self.index else owner
+
+    def others(self) -> list[int]:
+        """The workers a retrieval asks for their items: all but this one, with a peer URL."""
+        return [j for j in range(self.count) if j != self.index] if self.peer_url else []
+
+    async def merged(self, local: dict, params, authorization: str | None) -> dict:
+        """`local` (this worker's `retrieve` answer, with the user's `query`) with every other
+        worker's best items for the same query, best score first, `k` in all. A worker that
+        does not answer, or serves another model (a hot swap in progress), is left out and
+        counted in `workers`."""
+        query = local.pop("query")
+        others = self.others()
+        if not others:
+            return local
+        k = query["k"]
+        ask = {"q": query["embedding"], "tokens": ",".join(map(str, query["tokens"])),
+               "model": local["model"], "k": str(k)}
+        ask.update({name: params[name] for name in ("types", "probes") if params.get(name)})
+        path = "/v1/internal/search?" + urlencode(ask)
+        answers = await asyncio.gather(*(self.forward(j, path, authorization) for j in others))
+        results, answered = list(local["results"]), 0
+        for status, body in answers:
+            if status == 200:
+                results.extend(json.loads(body)["results"])
+                answered += 1
+        results.sort(key=lambda r: -r["score"])
+        return {**local, "results": results[:k],
+                "workers": {"asked": len(others) + 1, "answered": answered + 1}}
 
     async def forward(self, owner: int, path_qs: str, authorization: str | None) -> tuple[int, bytes]:
         """GET `path_qs` on worker `owner` -> (status, JSON body); 502 when it cannot answer."""

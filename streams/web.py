@@ -38,9 +38,11 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
         given = request.headers.get("Authorization", "")
         return given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token)
 
-    async def answer(view: View, request: Request, fn, node: str | None = None) -> Response:
+    async def answer(view: View, request: Request, fn, node: str | None = None,
+                     then=None) -> Response:
         """Run a query in the pool; QueryError -> its 4xx, anything unexpected -> 500 with a
-        log line. A query about `node`, which another worker owns, goes to that worker."""
+        log line. A query about `node`, which another worker owns, goes to that worker;
+        `then` (async) completes a local answer (a retrieval merges the other workers')."""
         nonlocal admitted
         if not authorised(request):
             return view.json({"error": "missing or wrong bearer token (worker.api_token)"},
@@ -58,7 +60,8 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
                              headers={"Retry-After": "1"})
         admitted += 1
         try:
-            return view.json(await asyncio.get_running_loop().run_in_executor(pool, fn))
+            out = await asyncio.get_running_loop().run_in_executor(pool, fn)
+            return view.json(await then(out) if then is not None else out)
         except QueryError as exc:
             return view.json({"error": exc.message}, status=exc.status)
         except Exception:
@@ -107,7 +110,14 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     class Retrieve(View):
         async def get(self, request: Request) -> Response:
             return await answer(self, request, lambda: runtime.query.retrieve(request.query),
-                                request.query.get("user"))
+                                request.query.get("user"),
+                                lambda local: router.merged(local, request.query,
+                                                            request.headers.get("Authorization")))
+
+    @app.page("/v1/internal/search")
+    class Search(View):
+        async def get(self, request: Request) -> Response:
+            return await answer(self, request, lambda: runtime.query.search(request.query))
 
     @app.page("/v1/similar")
     class Similar(View):

@@ -315,10 +315,12 @@ def test_kill_9_of_one_of_two_workers_loses_no_forwarded_side(cfg, tmp_path, wor
         assert_same_state(merged, digest(store))
 
 
-def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_path, workers):
+def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_path, workers,
+                                                                     tiny_checkpoints):
     """Two workers, each owning half the partitions, with `worker.peer_url` pointing at each
-    other: either answers for every node (the owner's answer, passed on), reports its
-    assignment, and a request that was forwarded already is never forwarded again."""
+    other: either answers for every node (the owner's answer, passed on), a retrieval ranks
+    both workers' items, each reports its assignment, and a request that was forwarded
+    already is never forwarded again."""
     from hirflow.streams.routing import FORWARDED, NodeRouter
     now = int(time.time() * 1000)
     users = [f"user:{i}" for i in range(12)]
@@ -336,7 +338,9 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
                 "HIRFLOW_WORKER__WEB_PORT": str(port + i),
                 "HIRFLOW_WORKER__PEER_URL": f"http://127.0.0.1:{port // 10}" + "{index}",
                 "HIRFLOW_GRAPH__PATH": str(tmp_path / f"w{i}"), "HIRFLOW_INGEST__GROUP_ID": f"ingest-w{i}",
-                "HIRFLOW_WORKER__APP_ID": f"hirflow-w{i}", "HIRFLOW_WORKER__KNOWLEDGE": "false"}
+                "HIRFLOW_WORKER__APP_ID": f"hirflow-w{i}", "HIRFLOW_WORKER__KNOWLEDGE": "false",
+                # its 16 first-codebook cells are all probed: every ad is a candidate
+                "HIRFLOW_REFRESH__CHECKPOINT": str(tiny_checkpoints[1])}
     ws = [workers(env(i)) for i in range(2)]
     for i, w in enumerate(ws):
         w.port = port + i
@@ -349,7 +353,16 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
             got = {u: w.get(f"/v1/nodes/{u}") for u in users}
             assert {u: s for u, (s, _) in got.items()} == {u: 200 for u in users}
             assert all(json.loads(b)["node"] == u for u, (_, b) in got.items())
-            assert w.get(f"/v1/retrieve?user={users[0]}&k=3")[0] == 200
+            # retrieval ranks every worker's items: the user's owner merges the others' best
+            status, body = w.get(f"/v1/retrieve?user={users[0]}&k=12")
+            got = json.loads(body)
+            assert status == 200 and got["workers"] == {"asked": 2, "answered": 2}
+            ads = [r["node"] for r in got["results"]]
+            assert len(ads) == len(set(ads)) == 12 and {router.owner(a) for a in ads} == {0, 1}
+            assert [r["score"] for r in got["results"]] == sorted((r["score"] for r in got["results"]), reverse=True)
+            assert "query" not in got
+        model = json.loads(ws[0].get("/v1/status")[1])["model"]
+        assert ws[0].get(f"/v1/internal/search?q=AAAA&tokens=1&model={model}x")[0] == 409
         status = [json.loads(w.get("/v1/status")[1])["assignment"] for w in ws]
         assert [s["index"] for s in status] == [0, 1] and all(s["count"] == 2 for s in status)
         assert sorted(p for s in status for p in s["partitions"]) == list(range(cfg.kafka.partitions))
