@@ -25,6 +25,7 @@ from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig, node_type
 from hirflow.state.views import ViewSampler
 from hirflow.trainer.embedding import block_rows, embed, state_of
+from hirflow.trainer.evaluate import positive_actions
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class CollaborativeFit:
     def __init__(self, events: Sequence[Engagement], schema: SchemaConfig,
                  cfg: C.CollaborativeConfig) -> None:
         self.events, self.schema, self.cfg = events, schema, cfg
-        self.positive = sorted(a for a, s in schema.all_actions.items() if s.sign > 0 and not s.structural)
+        self.positive = sorted(positive_actions(schema))
         keep = set(self.positive)
         # a user-item engagement in either direction (an ad shown to a user counts as well)
         pairs = ((a, b, e.ts) for e in events if e.action in keep for a, b in ((e.src, e.dst), (e.dst, e.src)))
@@ -61,7 +62,7 @@ class CollaborativeFit:
         rank = min(self.cfg.rank, len(self.data.items) - 1)
         if weight is None:
             users = [self.data.users[i] for i in h.judged]
-            with state_of([e for e in self.events if e.ts <= cutoff], self.schema) as (_, sampler):
+            with state_of([e for e in self.events if e.ts <= cutoff], self.schema) as sampler:
                 eu = embed(student, sampler, users, cutoff, student.cfg, texts, dev)
                 ei = embed(student, sampler, list(self.data.items), cutoff, student.cfg, texts, dev)
             weight, w_tried = h.choose_weight(eu @ ei.T, lam, rank, self.cfg.weight_grid)

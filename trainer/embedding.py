@@ -61,9 +61,8 @@ def served_embeddings(model: HierarchicalEncoder, block: CollaborativeBlock | No
 
 
 @contextmanager
-def state_of(events: Sequence[Engagement], schema: SchemaConfig, seed: int = 0,
-             ) -> Iterator[tuple[GraphStore, ViewSampler]]:
-    """A temporary graph store with `events` applied, and a student-view sampler over it."""
+def state_of(events: Sequence[Engagement], schema: SchemaConfig, seed: int = 0) -> Iterator[ViewSampler]:
+    """A student-view sampler over a temporary graph store with `events` applied."""
     with tempfile.TemporaryDirectory(prefix="hirflow-state-") as tmp:
         store = GraphStore(Path(tmp) / "s", schema, 1)
         try:
@@ -71,6 +70,6 @@ def state_of(events: Sequence[Engagement], schema: SchemaConfig, seed: int = 0,
             for i in range(0, len(events), 20_000):
                 w.apply_batch([(e, BOTH_SIDES) for e in events[i:i + 20_000]])
                 w.commit()
-            yield store, ViewSampler(store.reader, schema, STUDENT, seed=seed)
+            yield ViewSampler(store.reader, schema, STUDENT, seed=seed)
         finally:
             store.close()

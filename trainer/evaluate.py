@@ -88,7 +88,7 @@ def state_embeddings(model: HierarchicalEncoder, before: Sequence[Engagement], s
     collaborative `block` appended when given.
     -> (node -> row, embeddings, embeddings of `extra` nodes (with `extra_texts`))."""
     nodes = sorted({n for e in before for n in (e.src, e.dst)})
-    with state_of(before, schema) as (_, sampler):
+    with state_of(before, schema) as sampler:
         codes = schema.action_codes()
         emb = served_embeddings(model, block, sampler, nodes, cutoff, texts, codes)
         extra_emb = served_embeddings(model, block, sampler, list(extra), cutoff, extra_texts, codes)
