@@ -21,18 +21,21 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import msgpack
 import numpy as np
-from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, Options, Rdict, WriteOptions
 
+from hirflow.state.batch import Batch
 from hirflow.state.decay import value_at
 from hirflow.state.events import Entity
 from hirflow.state.keys import KeyCodec
 from hirflow.state.node import IN, OUT, NodeState
+from hirflow.state.partition_log import Op, Position, position_key
 from hirflow.state.schema import SchemaConfig, node_type
 
 log = logging.getLogger(__name__)
@@ -186,6 +189,9 @@ class GraphStore:
         self._write_opt = WriteOptions()
         self._write_opt.sync = sync_writes
         self._check_meta(num_partitions)
+        self.logged_partitions: frozenset[int] | None = None    # see attach_log
+        self._log = None
+        self.log_lock = threading.RLock()
         self.reader = GraphReader(self)
         self._closed = False
 
@@ -220,27 +226,29 @@ class GraphStore:
                 for k, v in self.reader._iter_prefix("meta", b"topic_id:")}
 
     def set_topic_ids(self, ids: Mapping[str, str]) -> None:
-        wb = WriteBatch(raw_mode=True)
+        wb = self.batch()
         for name, tid in ids.items():
-            wb.put(b"topic_id:" + name.encode(), msgpack.packb(tid), self.handle["meta"])
+            wb.put("meta", b"topic_id:" + name.encode(), msgpack.packb(tid))
         self.write(wb)
 
-    def claim_worker(self, count: int, index: int) -> None:
-        """Record which worker of how many built this store; refuse another. The store holds
-        the state of the partitions p with p % count == index: opened by a worker with
-        another count or index it would replay partitions it never held, or drop ones it did
-        (moving partitions between workers is not supported)."""
+    def claim_worker(self, count: int, index: int, movable: bool = False) -> None:
+        """Record which worker of how many built this store; refuse another unless the
+        partitions can move (`movable`: a change log restores what this worker gains and
+        `state.partition_state` drops what it loses). Without one, a store opened by a
+        worker with another count or index would replay partitions it never held, or keep
+        ones it no longer owns."""
         meta = self.cf["meta"]
         raw = meta.get(b"worker_topology")
-        if raw is None:
+        if raw is None or movable:
             meta[b"worker_topology"] = msgpack.packb([count, index])
             return
         was = msgpack.unpackb(raw)
         if was != [count, index]:
             raise IncompatibleStoreError(
                 f"state store {self.path} belongs to worker {was[1]} of {was[0]}; this worker is "
-                f"{index} of {count}. Changing the worker count needs new state: start the "
-                f"workers on empty volumes (they rebuild from the topics) or go back to {was[0]}.")
+                f"{index} of {count}. Changing the worker count needs the change log "
+                f"(worker.changelog = true, which moves partitions between workers), or new "
+                f"state: empty volumes that rebuild from the topics, or go back to {was[0]}.")
 
     def catch_up(self) -> None:
         """A follower: see everything the primary has written so far (WAL included)."""
@@ -254,30 +262,54 @@ class GraphStore:
                knowledge: Mapping[str, np.ndarray] | None = None,
                delete_nodes: Iterable[str] = ()) -> None:
         """Write everything in one atomic, durable batch (offsets included)."""
-        wb = WriteBatch(raw_mode=True)
+        wb = self.batch()
         key = self.keys.key
-        h = self.handle
         for node_id in delete_nodes:
-            wb.delete(key(node_id), h["nodes"])
+            wb.delete("nodes", key(node_id))
         for s in nodes:
-            wb.put(key(s.id), s.pack(), h["nodes"])
+            wb.put("nodes", key(s.id), s.pack())
         for e in entities:
-            wb.put(key(e.node), _pack_entity(e), h["entities"])
+            wb.put("entities", key(e.node), _pack_entity(e))
         for node_id, vec in (knowledge or {}).items():
-            wb.put(key(node_id), np.asarray(vec, np.float32).tobytes(), h["knowledge"])
+            wb.put("knowledge", key(node_id), np.asarray(vec, np.float32).tobytes())
         for node_id, ts in (dirty_put or {}).items():
-            wb.put(key(node_id), msgpack.packb([node_id, ts]), h["dirty"])
+            wb.put("dirty", key(node_id), msgpack.packb([node_id, ts]))
         for node_id in dirty_del:
-            wb.delete(key(node_id), h["dirty"])
+            wb.delete("dirty", key(node_id))
         for (topic, p), off in (offsets or {}).items():
-            wb.put(offset_key(topic, p), msgpack.packb(off), h["meta"])
+            wb.put("meta", offset_key(topic, p), msgpack.packb(off))
         for (rp, op), off in (reverse_marks or {}).items():
-            wb.put(reverse_mark_key(rp, op), msgpack.packb(off), h["meta"])
-        self.db.write(wb, self._write_opt)
+            wb.put("meta", reverse_mark_key(rp, op), msgpack.packb(off))
+        self.write(wb)
 
-    def write(self, wb: WriteBatch) -> None:
-        """Write a batch prepared elsewhere (the index), with the store's durability."""
-        self.db.write(wb, self._write_opt)
+    def batch(self) -> Batch:
+        """An empty atomic batch; `write` it."""
+        return Batch(self)
+
+    def batch_unlogged(self) -> Batch:
+        """A batch whose changes never go to the change log: a replay of the log, or state
+        that is rebuilt rather than moved."""
+        return Batch(self, logged=False)
+
+    def write(self, wb: Batch) -> None:
+        """Write a batch with the store's durability. With a change log attached, the
+        batch's movable changes go to the log first (the hook returns once the log has
+        them, or raises and nothing is written here), and the partitions' new log
+        positions are part of the same local batch."""
+        if not wb.ops or self._log is None:
+            self.db.write(wb.wb, self._write_opt)
+            return
+        with self.log_lock:        # log order = local order, and no snapshot in between
+            for p, pos in self._log(wb.ops).items():
+                wb.wb.put(position_key(p), pos.pack(), self.handle["meta"])
+            self.db.write(wb.wb, self._write_opt)
+
+    def attach_log(self, partitions: Iterable[int],
+                   hook: Callable[[dict[int, list[Op]]], dict[int, Position]]) -> None:
+        """From now on, every write's changes to `partitions` go through `hook` (the
+        change-log writer) before they reach RocksDB."""
+        self.logged_partitions = frozenset(partitions)
+        self._log = hook
 
     # -- raw loads for the write-back cache -------------------------------------------------
     def load_nodes(self, node_ids: list[str], collided: set[str] | None = None) -> dict[str, NodeState]:

@@ -23,7 +23,6 @@ from typing import Iterator, NamedTuple, Sequence
 
 import msgspec
 import numpy as np
-from rocksdict import WriteBatch
 
 from hirflow.state.graph import GraphStore
 from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map
@@ -159,9 +158,9 @@ class TokenIndex:
             keys = [k for k, _ in zip((k for k, _ in self._scan(cf, prefix)), range(chunk))]
             if not keys:
                 return n
-            wb = WriteBatch(raw_mode=True)
+            wb = self.store.batch()
             for k in keys:
-                wb.delete(k, self.h[cf])
+                wb.delete(cf, k)
             self.store.write(wb)
             n += len(keys)
 
@@ -171,74 +170,74 @@ class IndexBatch:
 
     def __init__(self, index: TokenIndex) -> None:
         self.ix = index
-        self.wb = WriteBatch(raw_mode=True)
+        self.wb = index.store.batch()
 
     def put_record(self, gen: int, rec: IndexRecord, old: IndexRecord | None) -> None:
         """Store `rec` in generation `gen`, moving its postings and memberships from `old`."""
-        ix, wb, h = self.ix, self.wb, self.ix.h
+        ix, wb = self.ix, self.wb
         nk = ix.key(rec.node)
         g = gen_prefix(gen)
         tc = ix.type_code.get(node_type(rec.node), UNKNOWN_TYPE) & 0xFF     # one byte
-        wb.put(g + nk, rec.pack(), h["embeddings"])
+        wb.put("embeddings", g + nk, rec.pack())
         old_tokens = set(old.tokens) if old is not None else set()
         new_tokens = set(rec.tokens)
         for t in old_tokens - new_tokens:
-            wb.delete(posting_prefix(gen, t, tc) + nk, h["postings"])
+            wb.delete("postings", posting_prefix(gen, t, tc) + nk)
         for t in new_tokens - old_tokens:
-            wb.put(posting_prefix(gen, t, tc) + nk, b"", h["postings"])
+            wb.put("postings", posting_prefix(gen, t, tc) + nk, b"")
         old_assign = old.assign if old is not None else ()
         for level, prim in enumerate(rec.assign):
             was = old_assign[level] if level < len(old_assign) else None
             if was == prim:
                 continue
             if was is not None and was != NO_PRIMITIVE:
-                wb.delete(member_prefix(gen, level, was) + nk, h["members"])
+                wb.delete("members", member_prefix(gen, level, was) + nk)
             if prim != NO_PRIMITIVE:
-                wb.put(member_prefix(gen, level, prim) + nk, b"", h["members"])
+                wb.put("members", member_prefix(gen, level, prim) + nk, b"")
 
     def delete_record(self, gen: int, old: IndexRecord) -> None:
         """Remove a node from generation `gen`: its record, postings and memberships."""
-        ix, wb, h = self.ix, self.wb, self.ix.h
+        ix, wb = self.ix, self.wb
         nk = ix.key(old.node)
         tc = ix.type_code.get(node_type(old.node), UNKNOWN_TYPE) & 0xFF
-        wb.delete(gen_prefix(gen) + nk, h["embeddings"])
+        wb.delete("embeddings", gen_prefix(gen) + nk)
         for t in set(old.tokens):
-            wb.delete(posting_prefix(gen, t, tc) + nk, h["postings"])
+            wb.delete("postings", posting_prefix(gen, t, tc) + nk)
         for level, prim in enumerate(old.assign):
             if prim != NO_PRIMITIVE:
-                wb.delete(member_prefix(gen, level, prim) + nk, h["members"])
+                wb.delete("members", member_prefix(gen, level, prim) + nk)
 
     def publish(self, node_id: str, seq: int, model: str, tokens, assign, change: bytes) -> None:
         """Remember what subscribers will see and queue the change in the outbox."""
         nk = self.ix.key(node_id)
-        self.wb.put(nk, _enc([seq, model, list(tokens), list(assign)]), self.ix.h["published"])
-        self.wb.put(nk + struct.pack(">Q", seq), change, self.ix.h["outbox"])
+        self.wb.put("published", nk, _enc([seq, model, list(tokens), list(assign)]))
+        self.wb.put("outbox", nk + struct.pack(">Q", seq), change)
 
     def clear_dirty(self, node_ids) -> None:
         for n in node_ids:
-            self.wb.delete(self.ix.key(n), self.ix.h["dirty"])
+            self.wb.delete("dirty", self.ix.key(n))
 
     def set_meta(self, key: bytes, value) -> None:
         if value is None:
-            self.wb.delete(key, self.ix.h["meta"])
+            self.wb.delete("meta", key)
         else:
-            self.wb.put(key, _enc(value), self.ix.h["meta"])
+            self.wb.put("meta", key, _enc(value))
 
     def put_raw(self, cf: str, key: bytes, value: bytes) -> None:
-        self.wb.put(key, value, self.ix.h[cf])
+        self.wb.put(cf, key, value)
 
     def delete_raw(self, cf: str, key: bytes) -> None:
-        self.wb.delete(key, self.ix.h[cf])
+        self.wb.delete(cf, key)
 
     def commit(self) -> None:
         self.ix.store.write(self.wb)
-        self.wb = WriteBatch(raw_mode=True)
+        self.wb = self.ix.store.batch()
 
 
 def delete_outbox(index: TokenIndex, keys: Sequence[bytes]) -> None:
     """Drop changes Kafka acknowledged (a crash before this only causes a resend)."""
     if keys:
-        wb = WriteBatch(raw_mode=True)
+        wb = index.store.batch()
         for k in keys:
-            wb.delete(k, index.h["outbox"])
+            wb.delete("outbox", k)
         index.store.write(wb)

@@ -43,7 +43,10 @@ def _credentials(client: dict[str, str]):
 def build_app(cfg: HirflowConfig, runtime: WorkerRuntime) -> faust.App:
     w, k = cfg.worker, cfg.kafka
     app = faust.App(
-        f"{w.app_id}-{w.index}",        # own group per worker: each reads every entity partition
+        # own group per worker: each reads every entity partition. With a change log the
+        # group is per worker set too: a worker that gained partitions reads the entities
+        # again from the start, keeping what is newer than the restored offsets
+        f"{w.app_id}-{w.index}" + (f"-of-{w.count}" if w.changelog else ""),
         broker=_broker_url(k.bootstrap),
         broker_credentials=_credentials(k.client),
         store="memory://",

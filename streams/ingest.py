@@ -7,8 +7,9 @@ reverse topic, wait until those are acknowledged, then commit state + dirty mark
 offsets in one RocksDB batch, and only then commit the offsets to Kafka. So Kafka's
 committed offset never runs ahead of durable state, and no event is applied twice.
 
-Partitions are assigned statically (`p % worker.count == worker.index`): each worker's state
-is a fixed set of partitions' key ranges, so a rebalance never moves state under it.
+Partitions are assigned statically (`p % worker.count == worker.index`) for the process's
+life: a change of the worker set is a restart, with the change log (`streams.changelog`)
+moving the partitions' state before the loop starts.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from hirflow.state.writer import BOTH_SIDES, GraphWriter
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
-from hirflow.streams.metrics import (BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
+from hirflow.streams.metrics import (APPLIED_OFFSET, BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
                                      EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, NODES_EXPIRED)
 from hirflow.streams.side_router import SideRouter
 from hirflow.streams.topics import Topics
@@ -75,6 +76,7 @@ class IngestLoop:
         for topic in (self.topics.engagements, self.topics.reverse):
             for p in self.partitions:
                 stored = self.writer.stored_offset(topic, p)
+                APPLIED_OFFSET.labels(topic, str(p)).set(stored)
                 tps.append(TopicPartition(topic, p, stored + 1 if stored >= 0 else OFFSET_BEGINNING))
         self.consumer.assign(tps)
         log.info("ingest assigned partitions %s of %s (resuming after stored offsets)",
@@ -134,6 +136,8 @@ class IngestLoop:
         self.consumer.commit(offsets=[TopicPartition(tp, p, off + 1)
                                       for (tp, p), off in last.items()], asynchronous=True)
         self._unconfirmed.update(last)
+        for (topic, p), off in last.items():
+            APPLIED_OFFSET.labels(topic, str(p)).set(off)
         BATCH_SECONDS.observe(self._apply_seconds + time.perf_counter() - t0)
         self._pending = {}
         self._apply_seconds = 0.0

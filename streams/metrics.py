@@ -24,6 +24,8 @@ BATCH_SIZE = Histogram("hirflow_ingest_batch_records", "Records per consume call
 CONSUMER_LAG = Gauge("hirflow_consumer_lag", "High watermark minus position (clamped at 0; the "
                      "embedded broker reports the watermark short)", ["topic", "partition"],
                      registry=REGISTRY)
+APPLIED_OFFSET = Gauge("hirflow_applied_offset", "Last offset whose effect is durable in state",
+                       ["topic", "partition"], registry=REGISTRY)
 STATE_BYTES = Gauge("hirflow_state_bytes", "Estimated live bytes in RocksDB", registry=REGISTRY)
 DIRTY_NODES = Gauge("hirflow_dirty_nodes", "Nodes waiting for a refresh", registry=REGISTRY)
 CACHED_NODES = Gauge("hirflow_cached_nodes", "Node records in the write-back cache",

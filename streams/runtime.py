@@ -13,6 +13,7 @@ from hirflow.state.events import EventError, Validator
 from hirflow.state.graph import GraphStore
 from hirflow.state.writer import GraphWriter
 from hirflow.streams import clients
+from hirflow.streams.changelog import ChangelogWriter, settle
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
 from hirflow.streams.ingest import IngestLoop, owned_partitions
@@ -57,16 +58,22 @@ class WorkerRuntime:
         self.topics = Topics(cfg.kafka.topic_prefix)
         self.store = GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions,
                                 sync_writes=cfg.graph.sync_writes)
+        self.owned = frozenset(owned_partitions(cfg))
+        self.changelog: ChangelogWriter | None = None
         try:
-            self.store.claim_worker(cfg.worker.count, cfg.worker.index)
-            check_topic_identity(self.store, cfg.kafka, [self.topics.engagements,
-                                                         self.topics.reverse, self.topics.entities])
+            self.store.claim_worker(cfg.worker.count, cfg.worker.index, movable=cfg.worker.changelog)
+            keyed = [self.topics.engagements, self.topics.reverse, self.topics.entities]
+            check_topic_identity(self.store, cfg.kafka,
+                                 keyed + ([self.topics.changelog] if cfg.worker.changelog else []))
+            if cfg.worker.changelog:
+                self._settle_partitions()
         except Exception:
+            if self.changelog is not None:
+                self.changelog.close()
             self.store.close()
             raise
         self.writer = GraphWriter(self.store, cfg.graph)
         self.validator = Validator(cfg.schema)
-        self.owned = frozenset(owned_partitions(cfg))
         self.stop = threading.Event()
         self.ingest: IngestLoop | None = None
         self.last_beat = 0.0
@@ -81,6 +88,19 @@ class WorkerRuntime:
         self.watcher = None
         self.query = None
 
+    def _settle_partitions(self) -> None:
+        """Claim the owned partitions in the change log, restore what this store lacks, drop
+        what another worker owns now; from then on every commit goes through the log."""
+        w = self.cfg.worker
+        self.changelog = ChangelogWriter(self.cfg.kafka, self.store, self.topics.changelog,
+                                         f"{w.index}/{w.count}", snapshot_every_s=w.changelog_snapshot_s)
+        done = settle(self.cfg.kafka, self.store, self.changelog, sorted(self.owned),
+                      self.cfg.kafka.partitions)
+        log.info("change log: %d partitions kept, %d restored (%d changes), %d entered the log, "
+                 "%d dropped, in %.1f s", len(done.kept), len(done.restored),
+                 sum(done.restored.values()), len(done.bootstrapped), len(done.dropped), done.seconds)
+        self.store.attach_log(self.owned, self.changelog)
+
     # -- ingest thread --------------------------------------------------------------------
     def start_ingest(self) -> None:
         self.ingest = IngestLoop(self.cfg, self.writer, self.topics)
@@ -89,10 +109,13 @@ class WorkerRuntime:
 
     def _run_ingest(self) -> None:
         try:
-            last_records = time.monotonic()
+            last_records = last_snapshot_check = time.monotonic()
             while not self.stop.is_set():
                 n = self.ingest.poll_once()
                 self.last_beat = now = time.monotonic()
+                if self.changelog is not None and now - last_snapshot_check >= 1.0:
+                    last_snapshot_check = now
+                    self.changelog.snapshot_due()
                 if n:
                     last_records = now
                 elif now - last_records >= CAUGHT_UP_QUIET_S:
@@ -233,4 +256,6 @@ class WorkerRuntime:
         self.stop_ingest()
         if self._entity_producer is not None:
             self._entity_producer.flush(10)
+        if self.changelog is not None:
+            self.changelog.close()
         self.store.close()

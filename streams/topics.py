@@ -14,6 +14,9 @@ log = logging.getLogger(__name__)
 
 COMPACT = {"cleanup.policy": "compact"}   # tansu accepts it but does not compact (see README)
 DELETE = {"cleanup.policy": "delete"}
+# kept until deleted by hand: a restore replays it from its newest snapshot (a retention
+# longer than a few `worker.changelog_snapshot_s` is safe too)
+KEEP = {"cleanup.policy": "delete", "retention.ms": "-1"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,10 @@ class Topics:
         return self._n("hirflow.token-changes")
 
     @property
+    def changelog(self) -> str:
+        return self._n("hirflow.changelog")
+
+    @property
     def checkpoints(self) -> str:
         return self._n("hirflow.checkpoints")
 
@@ -58,6 +65,7 @@ class Topics:
             self.dead_letter: (1, DELETE),
             self.token_changes: (p, DELETE),
             self.checkpoints: (1, COMPACT),
+            self.changelog: (p, KEEP),
         }
 
 

@@ -1,0 +1,259 @@
+"""The change log: each owned partition's state changes on a Kafka topic, so that any worker
+can take the partition over with exactly the bytes, offsets and sequences its owner had.
+
+The record format and the replay rules are `state.partition_log`; this module does the
+Kafka side:
+
+- `ChangelogWriter` is the store's log hook (`GraphStore.attach_log`): each local commit's
+  movable changes are produced to the partition's log and acknowledged *before* the local
+  batch is written. It is also the fence: it knows the offset its last record got, so when
+  its next record does not land right after it, another worker has claimed the partition
+  meanwhile, and it raises `Fenced` before anything is written locally. A worker cut off
+  from the broker cannot produce, so it cannot write either.
+- `settle` runs at start-up for every partition the worker is assigned: claim it (which
+  fences any former owner), then keep the local state when the log says nobody else wrote
+  since, or drop it and replay the log. Partitions the store holds but the worker no
+  longer owns are dropped.
+- snapshots (`ChangelogWriter.snapshot`): every movable key of a partition, written when
+  the partition first enters the log with state and then periodically, so a replay starts
+  from the newest snapshot instead of the first commit and the topic may carry a retention.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+from hirflow.state import partition_state
+from hirflow.state.graph import GraphStore, IncompatibleStoreError
+from hirflow.state.partition_log import (CLAIM, SNAPSHOT, Op, Position, Replay, claim_record, decode,
+                                         set_records)
+from hirflow.streams import clients
+from hirflow.streams.config import KafkaConfig
+
+log = logging.getLogger(__name__)
+
+PART_BYTES = 900_000        # ops per record: under Kafka's default 1 MB message limit
+
+
+class Fenced(RuntimeError):
+    """Another worker claimed a partition this worker was writing: it must stop."""
+
+
+class ChangelogError(RuntimeError):
+    """The log did not take a record (broker down, unreachable, rejected)."""
+
+
+@dataclass
+class _Sent:
+    offsets: list[int]
+    error: str | None = None
+
+
+class ChangelogWriter:
+    """Produces commits and snapshots to `topic` and fences this worker's partitions."""
+
+    def __init__(self, kafka: KafkaConfig, store: GraphStore, topic: str, worker: str,
+                 timeout_s: float = 30.0, snapshot_every_s: float = 3600.0) -> None:
+        self.store = store
+        self.topic = topic
+        self.worker = worker
+        self.timeout_s = timeout_s
+        self.snapshot_every_s = snapshot_every_s
+        self.positions: dict[int, Position] = {}
+        self._last_snapshot: dict[int, float] = {}
+        self._lock = threading.RLock()     # one log write at a time: offsets are checked
+        self.producer = clients.producer(kafka, **{"linger.ms": 1})
+
+    # -- producing ------------------------------------------------------------------------
+    def _produce(self, partition: int, records: list[tuple[bytes, bytes]]) -> list[int]:
+        sent = _Sent([])
+
+        def done(err, msg) -> None:
+            if err is not None:
+                sent.error = str(err)
+            else:
+                sent.offsets.append(msg.offset())
+
+        for key, value in records:
+            clients.produce_blocking(self.producer, self.topic, value, key=key,
+                                     partition=partition, on_delivery=done)
+        left = self.producer.flush(self.timeout_s)
+        if left or sent.error or len(sent.offsets) != len(records):
+            raise ChangelogError(f"change log {self.topic}[{partition}] did not take "
+                                 f"{len(records)} records: {sent.error or 'timed out'}")
+        return sent.offsets
+
+    def _append(self, partition: int, records: list[tuple[bytes, bytes]]) -> int:
+        """Produce records right after this worker's last one; the last one's offset."""
+        pos = self.positions[partition]
+        offsets = self._produce(partition, records)
+        if offsets[0] != pos.offset + 1 or offsets != list(range(offsets[0], offsets[0] + len(offsets))):
+            raise Fenced(f"partition {partition}: another worker wrote to the change log after "
+                         f"this worker's record at {pos.offset} (now at {offsets[0]}); it owns "
+                         "the partition now, so this worker stops")
+        return offsets[-1]
+
+    def __call__(self, changes: dict[int, list[Op]]) -> dict[int, Position]:
+        """The store's log hook: log each partition's changes as its next commit."""
+        with self._lock:
+            out = {}
+            for p, ops in changes.items():
+                pos = self.positions.get(p)
+                if pos is None:
+                    raise Fenced(f"partition {p} is not claimed by this worker")
+                last = self._append(p, set_records(pos.epoch, pos.cseq + 1, ops, PART_BYTES))
+                out[p] = self.positions[p] = Position(pos.epoch, pos.cseq + 1, last)
+            return out
+
+    def claim(self, partition: int, base: int | None) -> int:
+        """Take the partition: its new epoch (the claim's offset)."""
+        with self._lock:
+            [offset] = self._produce(partition, [claim_record(base, self.worker)])
+            return offset
+
+    def snapshot(self, partition: int) -> None:
+        """Log every movable key of the partition as of now (no commit in between)."""
+        with self.store.log_lock, self._lock:   # the store's order: see GraphStore.write
+            pos = self.positions[partition]
+            ops = list(partition_state.movable_ops(self.store, partition))
+            last = self._append(partition, set_records(pos.epoch, pos.cseq, ops, PART_BYTES,
+                                                       snapshot=True))
+            self.positions[partition] = Position(pos.epoch, pos.cseq, last)
+            partition_state.set_position(self.store, partition, self.positions[partition])
+            self._last_snapshot[partition] = time.monotonic()
+        log.info("change log: snapshot of partition %d (%d keys, commit %d)", partition, len(ops), pos.cseq)
+
+    def snapshot_due(self) -> None:
+        """Snapshot the partitions whose last snapshot is older than `snapshot_every_s` and
+        that changed since (called between commits by the ingest loop)."""
+        now = time.monotonic()
+        for p, pos in list(self.positions.items()):
+            since = self._last_snapshot.setdefault(p, now)
+            if now - since >= self.snapshot_every_s and pos.cseq > 0:
+                self.snapshot(p)
+
+    def close(self) -> None:
+        self.producer.flush(self.timeout_s)
+
+
+# -- reading --------------------------------------------------------------------------------
+def read(kafka: KafkaConfig, topic: str, partition: int, start: int, end: int):
+    """(offset, kind, value) of the records in [start, end) of the partition (start may be
+    OFFSET_BEGINNING)."""
+    consumer = clients.consumer(kafka, "hirflow-changelog-reader")
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        while True:
+            msgs = consumer.consume(1000, timeout=1.0)
+            for m in msgs:
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise ChangelogError(f"reading {topic}[{partition}]: {m.error()}")
+                if m.offset() >= end:
+                    return
+                yield m.offset(), m.key(), m.value()
+    finally:
+        consumer.close()
+
+
+def newest_snapshot(kafka: KafkaConfig, topic: str, partition: int, end: int) -> int | None:
+    """The offset where the newest whole snapshot of the current owner's line starts (None:
+    none), found by decoding only snapshot records: a replay starts there, not at the
+    first commit."""
+    epoch, best = -1, None
+    parts: tuple | None = None              # (start offset, epoch, cseq, parts seen, parts)
+    for offset, kind, value in read(kafka, topic, partition, OFFSET_BEGINNING, end):
+        if kind == CLAIM:
+            epoch, parts = offset, None
+        elif kind == SNAPSHOT:
+            doc = decode(kind, value)
+            if doc["i"] == 0 and doc["e"] >= epoch:
+                epoch, parts = doc["e"], (offset, doc["e"], doc["s"], 0, doc["n"])
+            if parts is not None and doc["e"] == parts[1] and doc["s"] == parts[2] and doc["i"] == parts[3]:
+                parts = parts[:3] + (parts[3] + 1, parts[4])
+                if parts[3] == parts[4]:
+                    best, parts = parts[0], None
+            else:
+                parts = None
+    return best
+
+
+def _others_wrote(records, epoch: int) -> bool:
+    """Whether any state record in `records` comes from another epoch than `epoch`."""
+    return any(kind != CLAIM and decode(kind, value)["e"] != epoch for _, kind, value in records)
+
+
+@dataclass
+class Settled:
+    kept: list[int]
+    restored: dict[int, int]        # partition -> ops replayed
+    bootstrapped: list[int]
+    dropped: dict[int, int]         # partition -> node records removed
+    seconds: float
+
+
+def settle(kafka: KafkaConfig, store: GraphStore, writer: ChangelogWriter,
+           owned: list[int], num_partitions: int) -> Settled:
+    """Claim every owned partition and bring its local state to the log's; drop the rest."""
+    t0 = time.perf_counter()
+    kept, restored, booted, dropped = [], {}, [], {}
+    for p in range(num_partitions):
+        if p in owned:
+            continue
+        logged = partition_state.position(store, p) is not None
+        if not logged and partition_state.has_state(store, p, meta=False):
+            raise IncompatibleStoreError(
+                f"state store {store.path} holds partition {p}, which this worker does not own, "
+                "and which never entered the change log: dropping it would lose it. Start the "
+                "workers once with worker.changelog = true and the worker count this store was "
+                "built with, then change the count.")
+        if logged or partition_state.has_state(store, p):
+            dropped[p] = partition_state.drop(store, p)
+            log.info("change log: dropped partition %d (%d nodes): another worker owns it", p, dropped[p])
+    for p in owned:
+        pos = partition_state.position(store, p)
+        epoch = writer.claim(p, pos.cseq if pos is not None else None)
+        if pos is not None:
+            tail = list(read(kafka, writer.topic, p, pos.offset + 1, epoch))
+            if not _others_wrote(tail, pos.epoch):
+                kept.append(p)
+                writer.positions[p] = Position(epoch, pos.cseq, epoch)
+                partition_state.set_position(store, p, writer.positions[p])
+                continue
+            log.warning("change log: partition %d changed owner since this store held it; "
+                        "replaying the log", p)
+        replay = Replay()
+        start = newest_snapshot(kafka, writer.topic, p, epoch)
+        records = read(kafka, writer.topic, p, OFFSET_BEGINNING if start is None else start, epoch)
+        first = next(records, None)
+        if first is None:
+            # a log without records: the state (if any) is this store's, from before the
+            # change log was switched on; it enters the log as a snapshot
+            writer.positions[p] = Position(epoch, 0, epoch)
+            partition_state.set_position(store, p, writer.positions[p])
+            if partition_state.has_state(store, p):
+                writer.snapshot(p)
+                booted.append(p)
+            continue
+
+        def steps():
+            if first is not None:
+                yield from replay.feed(*first)
+            for rec in records:
+                yield from replay.feed(*rec)
+            yield from replay.end(pos.cseq if pos is not None else None)
+
+        partition_state.drop(store, p)
+        cseq, n = partition_state.apply(store, p, steps())
+        restored[p] = n
+        writer.positions[p] = Position(epoch, max(cseq, 0), epoch)
+        partition_state.set_position(store, p, writer.positions[p])
+        marked = partition_state.mark_dirty(store, p)
+        log.info("change log: restored partition %d (%d changes, commit %d, %d nodes to re-encode)",
+                 p, n, cseq, marked)
+    return Settled(kept, restored, booted, dropped, time.perf_counter() - t0)

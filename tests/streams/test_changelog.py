@@ -1,0 +1,86 @@
+"""The change log on the embedded broker: a claim fences the former owner before it writes
+anything locally, a store built before the log enters it as a snapshot and restores byte
+for byte, and a partition that never entered the log is never dropped."""
+import pytest
+
+from hirflow.state import partition_state
+from hirflow.state.graph import GraphStore, IncompatibleStoreError
+from hirflow.state.partition_log import NODE_FAMILIES
+from hirflow.state.writer import GraphWriter
+from hirflow.streams import changelog
+from hirflow.streams.topics import Topics
+from tests.state.helpers import apply_direct
+
+
+def _events(tiny_world, n=600):
+    return tiny_world[:n]
+
+
+def _movable(store, p):
+    return sorted(partition_state.movable_ops(store, p))
+
+
+def _writer(cfg, store, name):
+    return changelog.ChangelogWriter(cfg.kafka, store, Topics(cfg.kafka.topic_prefix).changelog, name)
+
+
+def test_a_claim_fences_the_former_owner_before_it_writes_locally(cfg, tmp_path, tiny_world):
+    parts = list(range(cfg.kafka.partitions))
+    with GraphStore(tmp_path / "old", cfg.schema, cfg.kafka.partitions) as old:
+        w_old = _writer(cfg, old, "old")
+        changelog.settle(cfg.kafka, old, w_old, parts, cfg.kafka.partitions)
+        old.attach_log(parts, w_old)
+        writer = GraphWriter(old, cfg.graph)
+        for e in _events(tiny_world, 300):
+            writer.apply(e)
+        writer.commit()
+        with GraphStore(tmp_path / "new", cfg.schema, cfg.kafka.partitions) as new:
+            w_new = _writer(cfg, new, "new")
+            done = changelog.settle(cfg.kafka, new, w_new, parts, cfg.kafka.partitions)
+            assert sorted(done.restored) == parts
+            before = {p: _movable(old, p) for p in parts}
+            for p in parts:        # the new owner has what the old one committed
+                assert [op for op in _movable(new, p) if op[0] != NODE_FAMILIES.index("dirty")] == \
+                    [op for op in before[p] if op[0] != NODE_FAMILIES.index("dirty")]
+            for e in _events(tiny_world, 600)[300:]:
+                writer.apply(e)
+            with pytest.raises(changelog.Fenced):
+                writer.commit()
+            assert {p: _movable(old, p) for p in parts} == before    # nothing written locally
+            w_new.close()
+        w_old.close()
+
+
+def test_a_store_from_before_the_log_enters_it_as_a_snapshot_and_restores_exactly(cfg, tmp_path, tiny_world):
+    parts = list(range(cfg.kafka.partitions))
+    with GraphStore(tmp_path / "before", cfg.schema, cfg.kafka.partitions) as store:
+        apply_direct(store, _events(tiny_world), cfg.graph)
+        w = _writer(cfg, store, "before")
+        done = changelog.settle(cfg.kafka, store, w, parts, cfg.kafka.partitions)
+        assert sorted(done.bootstrapped) == parts
+        store.attach_log(parts, w)               # then commits on top of the snapshots
+        writer = GraphWriter(store, cfg.graph)
+        for e in tiny_world[600:900]:
+            writer.apply(e)
+        writer.commit()
+        w.close()
+        expected = {p: _movable(store, p) for p in parts}
+    with GraphStore(tmp_path / "after", cfg.schema, cfg.kafka.partitions) as store:
+        w = _writer(cfg, store, "after")
+        done = changelog.settle(cfg.kafka, store, w, parts, cfg.kafka.partitions)
+        w.close()
+        assert sorted(done.restored) == parts
+        dirty = NODE_FAMILIES.index("dirty")     # every restored node is marked for re-encoding
+        for p in parts:
+            assert [op for op in _movable(store, p) if op[0] != dirty] == \
+                [op for op in expected[p] if op[0] != dirty]
+
+
+def test_a_partition_that_never_entered_the_log_is_not_dropped(cfg, tmp_path, tiny_world):
+    with GraphStore(tmp_path / "s", cfg.schema, cfg.kafka.partitions) as store:
+        apply_direct(store, _events(tiny_world), cfg.graph)
+        w = _writer(cfg, store, "half")
+        with pytest.raises(IncompatibleStoreError, match="never entered the change log"):
+            changelog.settle(cfg.kafka, store, w, [0], cfg.kafka.partitions)
+        w.close()
+        assert all(partition_state.has_state(store, p, meta=False) for p in range(1, cfg.kafka.partitions))

@@ -1,0 +1,117 @@
+"""The worker set changes while a stream flows: 1 -> 2 -> 4 -> 1 worker processes on the
+embedded broker, with the change log moving each partition's state to its new owner and
+one worker killed -9 mid-stream. At the end the last worker's state, and a fresh restore
+of every partition from the log, equal a direct apply of the whole stream."""
+import re
+import time
+import urllib.request
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from hirflow.state.events import Engagement
+from hirflow.state.graph import GraphStore
+from hirflow.streams import changelog
+from hirflow.streams.replay import produce
+from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.topics import Topics
+from hirflow.streams.worker_process import WorkerProcess
+from tests.state.helpers import apply_direct, assert_same_state, digest
+
+
+def end_offsets(cfg, topic: str) -> dict[int, int]:
+    """Each partition's true end (read to it: the embedded broker's watermark can be short)."""
+    c = Consumer({"bootstrap.servers": cfg.kafka.bootstrap, "group.id": "test-ends",
+                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    ends = {}
+    for p in range(cfg.kafka.partitions):
+        _, ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+    todo = [TopicPartition(topic, p, e - 1) for p, e in ends.items() if e > 0]
+    if todo:
+        c.assign(todo)
+        open_parts = {tp.partition for tp in todo}
+        deadline = time.monotonic() + 30
+        while open_parts and time.monotonic() < deadline:
+            for m in c.consume(10_000, timeout=0.5):
+                if m.error() is None:
+                    ends[m.partition()] = max(ends[m.partition()], m.offset() + 1)
+                elif m.error().code() == KafkaError._PARTITION_EOF:
+                    open_parts.discard(m.partition())
+    c.close()
+    return ends
+
+
+def applied_offsets(w: WorkerProcess) -> dict[tuple[str, int], float]:
+    """The worker's `hirflow_applied_offset` gauges: (topic, partition) -> offset."""
+    out = {}
+    try:
+        page = urllib.request.urlopen(w.url("/metrics"), timeout=2).read().decode()
+    except OSError:
+        return out
+    for m in re.finditer(r'hirflow_applied_offset\{partition="(\d+)",topic="([^"]+)"\} (\S+)', page):
+        out[(m.group(2), int(m.group(1)))] = float(m.group(3))
+    return out
+
+
+def wait_done(cfg, running: list[WorkerProcess], timeout: float = 120.0) -> None:
+    """Until the owners have applied every engagement, and then every reverse record."""
+    topics = Topics(cfg.kafka.topic_prefix)
+    deadline = time.monotonic() + timeout
+    for topic in (topics.engagements, topics.reverse):
+        ends = end_offsets(cfg, topic)
+        while True:
+            have: dict[tuple[str, int], float] = {}
+            for w in running:
+                have.update(applied_offsets(w))
+            left = {p: e for p, e in ends.items() if e > 0 and have.get((topic, p), -1) < e - 1}
+            if not left:
+                break
+            assert time.monotonic() < deadline, f"{topic}: partitions {left} not applied to their end"
+            time.sleep(0.5)
+
+
+def test_the_worker_set_grows_and_shrinks_without_losing_or_doubling_anything(cfg, tmp_path):
+    world = SynthWorld(SynthConfig(events=9_000, users=150, advertisers=6, seed=21))
+    evs = [e for e in world.stream() if isinstance(e, Engagement)]
+    chunks = [evs[:2500], evs[2500:5500], evs[5500:7500], evs[7500:]]
+    started: list[WorkerProcess] = []
+
+    def start(phase: int, index: int, count: int, volume: str) -> WorkerProcess:
+        env = {"HIRFLOW_WORKER__COUNT": str(count), "HIRFLOW_WORKER__INDEX": str(index),
+               "HIRFLOW_WORKER__CHANGELOG": "true", "HIRFLOW_GRAPH__PATH": str(tmp_path / volume),
+               "HIRFLOW_INGEST__BATCH_MAX": "400", "HIRFLOW_INGEST__GROUP_ID": f"ingest-{phase}-{index}",
+               "HIRFLOW_WORKER__APP_ID": "hirflow-scale", "HIRFLOW_WORKER__KNOWLEDGE": "false",
+               "HIRFLOW_REFRESH__ENABLED": "false", "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5",
+               "HIRFLOW_GRAPH__TOP_K": str(cfg.graph.top_k)}
+        started.append(WorkerProcess(cfg, tmp_path / f"w-{phase}-{index}.log", env).start())
+        return started[-1]
+
+    # (count, the volume of each index): a volume keeps what its new owner still owns
+    phases = [(1, ["a"]), (2, ["a", "b"]), (4, ["a", "b", "c", "d"]), (1, ["d"])]
+    try:
+        for phase, ((count, volumes), chunk) in enumerate(zip(phases, chunks)):
+            produce(cfg, chunk, progress=False)
+            running = [start(phase, i, count, v) for i, v in enumerate(volumes)]
+            if phase == 1:                   # one of the two is killed mid-stream
+                running[1].wait_metric("hirflow_events_applied_total", 200, timeout=90)
+                running[1].kill9()
+                running[1] = start(phase, 1, count, volumes[1])
+            wait_done(cfg, running)
+            assert all(w.stop() == 0 for w in running)
+    finally:
+        for w in started:
+            w.close()
+
+    with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
+        apply_direct(store, evs, cfg.graph)
+        expected = digest(store)
+    with GraphStore(tmp_path / "d", cfg.schema, cfg.kafka.partitions, create=False) as store:
+        assert_same_state(digest(store), expected)
+    # every partition restores from the log alone, exactly
+    with GraphStore(tmp_path / "fresh", cfg.schema, cfg.kafka.partitions) as store:
+        topics = Topics(cfg.kafka.topic_prefix)
+        writer = changelog.ChangelogWriter(cfg.kafka, store, topics.changelog, "test")
+        done = changelog.settle(cfg.kafka, store, writer, list(range(cfg.kafka.partitions)),
+                                cfg.kafka.partitions)
+        writer.close()
+        assert sorted(done.restored) == list(range(cfg.kafka.partitions))
+        assert_same_state(digest(store), expected)
