@@ -23,17 +23,39 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ingest import _as, produce_zipf  # noqa: E402
+import msgpack  # noqa: E402
+import numpy as np  # noqa: E402
+from ingest import _as  # noqa: E402
 
 from hirflow.state.config import build  # noqa: E402
 from hirflow.state.graph import GraphStore  # noqa: E402
 from hirflow.state.writer import GraphWriter  # noqa: E402
-from hirflow.streams import changelog  # noqa: E402
+from hirflow.streams import changelog, clients  # noqa: E402
 from hirflow.streams.broker import EmbeddedBroker  # noqa: E402
 from hirflow.streams.config import HirflowConfig  # noqa: E402
 from hirflow.streams.ingest import IngestLoop  # noqa: E402
 from hirflow.streams.runtime import tune_gc  # noqa: E402
 from hirflow.streams.topics import Topics, ensure_topics  # noqa: E402
+
+
+def produce_uniform(cfg: HirflowConfig, n: int, seed: int = 1) -> int:
+    """n engagements of users uniform over n/10 ids on ads uniform over n/100: many nodes
+    with a few edges each, as most of a real graph is. Returns the events' distinct nodes."""
+    rng = np.random.default_rng(seed)
+    users = rng.integers(0, max(1, n // 10), n)
+    ads = rng.integers(0, max(1, n // 100), n)
+    acts = rng.choice(["impression", "click", "conversion"], n, p=[0.9, 0.08, 0.02])
+    p = clients.producer(cfg.kafka, **{"linger.ms": 20, "batch.size": 1_000_000})
+    topic = Topics(cfg.kafka.topic_prefix).engagements
+    for i in range(n):
+        src = f"user:{users[i]}"
+        clients.produce_blocking(p, topic, msgpack.packb({"v": 1, "src": src, "dst": f"ad:{ads[i]}",
+                                                          "action": str(acts[i]), "ts": 1_700_000_000_000 + i}),
+                                 src.encode())
+        if i % 5000 == 0:
+            p.poll(0)
+    assert p.flush(120) == 0
+    return len(set(users.tolist())) + len(set(ads.tolist()))
 
 
 def ingest(cfg: HirflowConfig, n: int, prefix: str, logged: bool, path: Path) -> float:
@@ -78,7 +100,7 @@ def main() -> None:
             base = build(HirflowConfig, {"kafka": {"bootstrap": broker.bootstrap, "partitions": a.partitions,
                                                    "topic_prefix": "bench."}})
             ensure_topics(base.kafka, Topics("bench."))
-            print(f"produced {n} events at {produce_zipf(base, n):,.0f}/s", flush=True)
+            print(f"produced {n} events over {produce_uniform(base, n):,} nodes", flush=True)
             parts = list(range(a.partitions))
             for r in range(repeat):
                 # each logged run gets its own change-log topic (a fresh log, not a takeover)

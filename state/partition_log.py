@@ -15,9 +15,9 @@ partition p), each one of:
 - **claim** `{"base": cseq | None}`: a worker takes the partition; its offset is the new
   owner's *epoch*. `base` is the commit sequence the claimer's local state is at when it
   keeps that state (a restart), None when it restores from the log.
-- **set** `{"e": epoch, "s": cseq, "i": part, "n": parts, "ops": [...]}`: the movable puts
-  and deletes of one local commit (commit sequence `cseq`, counted per partition), split in
-  parts that fit a Kafka message.
+- **set** `{"e": epoch, "s": cseq, "i": part, "end": last part?, "ops": [...]}`: the
+  movable puts and deletes of one local commit (commit sequence `cseq`, counted per
+  partition), split in parts that fit a Kafka message.
 - **snapshot**: the same shape, `"snap": true`: every movable key of the partition as of
   commit `s`, written after that commit is durable locally.
 
@@ -86,22 +86,26 @@ def claim_record(base: int | None, worker: str) -> tuple[bytes, bytes]:
     return CLAIM, msgpack.packb({"base": base, "worker": worker})
 
 
-def set_records(epoch: int, cseq: int, ops: list[Op], max_bytes: int,
-                snapshot: bool = False) -> list[tuple[bytes, bytes]]:
-    """The records of one commit's (or snapshot's) ops, each at most about `max_bytes`."""
-    parts: list[list[Op]] = [[]]
-    size = 0
+def set_records(epoch: int, cseq: int, ops: Iterable[Op], max_bytes: int,
+                snapshot: bool = False) -> Iterator[tuple[bytes, bytes]]:
+    """The records of one commit's (or snapshot's) ops, each at most about `max_bytes`,
+    made as `ops` is read (a snapshot of a large partition never sits in memory whole)."""
+    kind = SNAPSHOT if snapshot else SET
+
+    def record(i: int, part: list, end: bool) -> tuple[bytes, bytes]:
+        return kind, msgpack.packb({"e": epoch, "s": cseq, "i": i, "end": end,
+                                    "ops": [list(op) for op in part]}, use_bin_type=True)
+
+    part: list[Op] = []
+    size = i = 0
     for op in ops:
         n = len(op[1]) + (len(op[2]) if op[2] is not None else 0) + 8
-        if parts[-1] and size + n > max_bytes:
-            parts.append([])
-            size = 0
-        parts[-1].append(op)
+        if part and size + n > max_bytes:
+            yield record(i, part, False)
+            part, size, i = [], 0, i + 1
+        part.append(op)
         size += n
-    kind = SNAPSHOT if snapshot else SET
-    return [(kind, msgpack.packb({"e": epoch, "s": cseq, "i": i, "n": len(parts),
-                                  "ops": [list(op) for op in part]}, use_bin_type=True))
-            for i, part in enumerate(parts)]
+    yield record(i, part, True)
 
 
 def decode(kind: bytes, value: bytes) -> dict:
@@ -109,7 +113,7 @@ def decode(kind: bytes, value: bytes) -> dict:
     if kind == CLAIM:
         return {"kind": CLAIM, "base": doc["base"]}
     if kind in (SET, SNAPSHOT):
-        return {"kind": kind, "e": doc["e"], "s": doc["s"], "i": doc["i"], "n": doc["n"],
+        return {"kind": kind, "e": doc["e"], "s": doc["s"], "i": doc["i"], "end": doc["end"],
                 "ops": [(c, k, v) for c, k, v in doc["ops"]]}
     raise ValueError(f"unknown change-log record kind {kind!r}")
 
@@ -150,7 +154,7 @@ class Replay:
             self._parts, self._parts_key = [], None        # a part missing: not a whole set
             return
         self._parts.append(doc["ops"])
-        if len(self._parts) < doc["n"]:
+        if not doc["end"]:
             return
         ops = [op for part in self._parts for op in part]
         self._parts, self._parts_key = [], None

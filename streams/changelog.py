@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Iterable
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
@@ -37,6 +38,7 @@ from hirflow.streams.config import KafkaConfig
 log = logging.getLogger(__name__)
 
 PART_BYTES = 900_000        # ops per record: under Kafka's default 1 MB message limit
+STALL_S = 60.0              # a read of the log that gets nothing this long fails
 
 
 class Fenced(RuntimeError):
@@ -64,12 +66,13 @@ class ChangelogWriter:
         self.timeout_s = timeout_s
         self.snapshot_every_s = snapshot_every_s
         self.positions: dict[int, Position] = {}
-        self._last_snapshot: dict[int, float] = {}
+        self._last_snapshot: dict[int, tuple[float, int]] = {}   # p -> (when, at which commit)
         self._lock = threading.RLock()     # one log write at a time: offsets are checked
         self.producer = clients.producer(kafka, **{"linger.ms": 1})
 
     # -- producing ------------------------------------------------------------------------
-    def _produce(self, partition: int, records: list[tuple[bytes, bytes]]) -> list[int]:
+    def _produce(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> list[int]:
+        """Produce `records` (made as they are sent) and wait for all: their offsets."""
         sent = _Sent([])
 
         def done(err, msg) -> None:
@@ -78,16 +81,18 @@ class ChangelogWriter:
             else:
                 sent.offsets.append(msg.offset())
 
+        n = 0
         for key, value in records:
             clients.produce_blocking(self.producer, self.topic, value, key=key,
                                      partition=partition, on_delivery=done)
+            n += 1
         left = self.producer.flush(self.timeout_s)
-        if left or sent.error or len(sent.offsets) != len(records):
+        if left or sent.error or len(sent.offsets) != n:
             raise ChangelogError(f"change log {self.topic}[{partition}] did not take "
-                                 f"{len(records)} records: {sent.error or 'timed out'}")
-        return sent.offsets
+                                 f"{n} records: {sent.error or 'timed out'}")
+        return sorted(sent.offsets)
 
-    def _append(self, partition: int, records: list[tuple[bytes, bytes]]) -> int:
+    def _append(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> int:
         """Produce records right after this worker's last one; the last one's offset."""
         pos = self.positions[partition]
         offsets = self._produce(partition, records)
@@ -109,31 +114,57 @@ class ChangelogWriter:
                 out[p] = self.positions[p] = Position(pos.epoch, pos.cseq + 1, last)
             return out
 
-    def claim(self, partition: int, base: int | None) -> int:
-        """Take the partition: its new epoch (the claim's offset)."""
+    def claim(self, bases: dict[int, int | None]) -> dict[int, int]:
+        """Take the partitions (partition -> the base of its claim, see `state.partition_log`)
+        in one round trip: their new epochs (each claim's offset)."""
         with self._lock:
-            [offset] = self._produce(partition, [claim_record(base, self.worker)])
-            return offset
+            return self._produce_each({p: [claim_record(b, self.worker)] for p, b in bases.items()})
+
+    def _produce_each(self, records: dict[int, list[tuple[bytes, bytes]]]) -> dict[int, int]:
+        """One record per partition, all acknowledged together: partition -> its offset."""
+        got: dict[int, int] = {}
+        errors: list[str] = []
+
+        def done(err, msg) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                got[msg.partition()] = msg.offset()
+
+        for p, [(key, value)] in records.items():
+            clients.produce_blocking(self.producer, self.topic, value, key=key, partition=p,
+                                     on_delivery=done)
+        if self.producer.flush(self.timeout_s) or errors or len(got) != len(records):
+            raise ChangelogError(f"change log {self.topic} did not take {len(records)} claims: "
+                                 f"{errors[0] if errors else 'timed out'}")
+        return got
 
     def snapshot(self, partition: int) -> None:
         """Log every movable key of the partition as of now (no commit in between)."""
         with self.store.log_lock, self._lock:   # the store's order: see GraphStore.write
             pos = self.positions[partition]
-            ops = list(partition_state.movable_ops(self.store, partition))
-            last = self._append(partition, set_records(pos.epoch, pos.cseq, ops, PART_BYTES,
+            keys = 0
+
+            def ops():
+                nonlocal keys
+                for op in partition_state.movable_ops(self.store, partition):
+                    keys += 1
+                    yield op
+
+            last = self._append(partition, set_records(pos.epoch, pos.cseq, ops(), PART_BYTES,
                                                        snapshot=True))
             self.positions[partition] = Position(pos.epoch, pos.cseq, last)
             partition_state.set_position(self.store, partition, self.positions[partition])
-            self._last_snapshot[partition] = time.monotonic()
-        log.info("change log: snapshot of partition %d (%d keys, commit %d)", partition, len(ops), pos.cseq)
+            self._last_snapshot[partition] = (time.monotonic(), pos.cseq)
+        log.info("change log: snapshot of partition %d (%d keys, commit %d)", partition, keys, pos.cseq)
 
     def snapshot_due(self) -> None:
         """Snapshot the partitions whose last snapshot is older than `snapshot_every_s` and
         that changed since (called between commits by the ingest loop)."""
         now = time.monotonic()
         for p, pos in list(self.positions.items()):
-            since = self._last_snapshot.setdefault(p, now)
-            if now - since >= self.snapshot_every_s and pos.cseq > 0:
+            since, at = self._last_snapshot.setdefault(p, (now, pos.cseq))
+            if now - since >= self.snapshot_every_s and pos.cseq > at:
                 self.snapshot(p)
 
     def close(self) -> None:
@@ -141,45 +172,60 @@ class ChangelogWriter:
 
 
 # -- reading --------------------------------------------------------------------------------
-def read(kafka: KafkaConfig, topic: str, partition: int, start: int, end: int):
-    """(offset, kind, value) of the records in [start, end) of the partition (start may be
-    OFFSET_BEGINNING)."""
-    consumer = clients.consumer(kafka, "hirflow-changelog-reader")
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        while True:
-            msgs = consumer.consume(1000, timeout=1.0)
-            for m in msgs:
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise ChangelogError(f"reading {topic}[{partition}]: {m.error()}")
-                if m.offset() >= end:
-                    return
-                yield m.offset(), m.key(), m.value()
-    finally:
-        consumer.close()
+class LogReader:
+    """Reads ranges of the log's partitions with one consumer (no group offsets)."""
+
+    def __init__(self, kafka: KafkaConfig, topic: str) -> None:
+        self.topic = topic
+        self.consumer = clients.consumer(kafka, "hirflow-changelog-reader", **{"fetch.wait.max.ms": 10})
+
+    def read(self, partition: int, start: int, end: int):
+        """(offset, kind, value) of the records in [start, end) of the partition (start may
+        be OFFSET_BEGINNING); `end` must exist (a claim just made)."""
+        self.consumer.assign([TopicPartition(self.topic, partition, start)])
+        last = time.monotonic()
+        try:
+            while True:
+                msgs = self.consumer.consume(1000, timeout=0.01)
+                if msgs:
+                    last = time.monotonic()
+                elif time.monotonic() - last > STALL_S:
+                    raise ChangelogError(f"reading {self.topic}[{partition}]: nothing came for "
+                                         f"{STALL_S:.0f} s before offset {end}")
+                for m in msgs:
+                    if m.error():
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise ChangelogError(f"reading {self.topic}[{partition}]: {m.error()}")
+                    if m.offset() >= end:
+                        return
+                    yield m.offset(), m.key(), m.value()
+        finally:
+            self.consumer.unassign()
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
-def newest_snapshot(kafka: KafkaConfig, topic: str, partition: int, end: int) -> int | None:
+def newest_snapshot(reader: LogReader, partition: int, end: int) -> int | None:
     """The offset where the newest whole snapshot of the current owner's line starts (None:
     none), found by decoding only snapshot records: a replay starts there, not at the
     first commit."""
     epoch, best = -1, None
-    parts: tuple | None = None              # (start offset, epoch, cseq, parts seen, parts)
-    for offset, kind, value in read(kafka, topic, partition, OFFSET_BEGINNING, end):
+    building: tuple | None = None           # (start offset, epoch, cseq, next part)
+    for offset, kind, value in reader.read(partition, OFFSET_BEGINNING, end):
         if kind == CLAIM:
-            epoch, parts = offset, None
+            epoch, building = offset, None
         elif kind == SNAPSHOT:
             doc = decode(kind, value)
             if doc["i"] == 0 and doc["e"] >= epoch:
-                epoch, parts = doc["e"], (offset, doc["e"], doc["s"], 0, doc["n"])
-            if parts is not None and doc["e"] == parts[1] and doc["s"] == parts[2] and doc["i"] == parts[3]:
-                parts = parts[:3] + (parts[3] + 1, parts[4])
-                if parts[3] == parts[4]:
-                    best, parts = parts[0], None
+                epoch, building = doc["e"], (offset, doc["e"], doc["s"], 0)
+            if building is not None and (doc["e"], doc["s"], doc["i"]) == building[1:]:
+                building = building[:3] + (doc["i"] + 1,)
+                if doc["end"]:
+                    best, building = building[0], None
             else:
-                parts = None
+                building = None
     return best
 
 
@@ -215,45 +261,59 @@ def settle(kafka: KafkaConfig, store: GraphStore, writer: ChangelogWriter,
         if logged or partition_state.has_state(store, p):
             dropped[p] = partition_state.drop(store, p)
             log.info("change log: dropped partition %d (%d nodes): another worker owns it", p, dropped[p])
-    for p in owned:
-        pos = partition_state.position(store, p)
-        epoch = writer.claim(p, pos.cseq if pos is not None else None)
-        if pos is not None:
-            tail = list(read(kafka, writer.topic, p, pos.offset + 1, epoch))
-            if not _others_wrote(tail, pos.epoch):
+    positions = {p: partition_state.position(store, p) for p in owned}
+    epochs = writer.claim({p: pos.cseq if pos is not None else None for p, pos in positions.items()})
+    reader = LogReader(kafka, writer.topic)
+    try:
+        for p in owned:
+            what, n = _settle_owned(store, writer, reader, p, positions[p], epochs[p])
+            if what == "kept":
                 kept.append(p)
-                writer.positions[p] = Position(epoch, pos.cseq, epoch)
-                partition_state.set_position(store, p, writer.positions[p])
-                continue
-            log.warning("change log: partition %d changed owner since this store held it; "
-                        "replaying the log", p)
-        replay = Replay()
-        start = newest_snapshot(kafka, writer.topic, p, epoch)
-        records = read(kafka, writer.topic, p, OFFSET_BEGINNING if start is None else start, epoch)
-        first = next(records, None)
-        if first is None:
-            # a log without records: the state (if any) is this store's, from before the
-            # change log was switched on; it enters the log as a snapshot
-            writer.positions[p] = Position(epoch, 0, epoch)
-            partition_state.set_position(store, p, writer.positions[p])
-            if partition_state.has_state(store, p):
-                writer.snapshot(p)
+            elif what == "bootstrapped":
                 booted.append(p)
-            continue
-
-        def steps():
-            if first is not None:
-                yield from replay.feed(*first)
-            for rec in records:
-                yield from replay.feed(*rec)
-            yield from replay.end(pos.cseq if pos is not None else None)
-
-        partition_state.drop(store, p)
-        cseq, n = partition_state.apply(store, p, steps())
-        restored[p] = n
-        writer.positions[p] = Position(epoch, max(cseq, 0), epoch)
-        partition_state.set_position(store, p, writer.positions[p])
-        marked = partition_state.mark_dirty(store, p)
-        log.info("change log: restored partition %d (%d changes, commit %d, %d nodes to re-encode)",
-                 p, n, cseq, marked)
+            elif what == "restored":
+                restored[p] = n
+    finally:
+        reader.close()
     return Settled(kept, restored, booted, dropped, time.perf_counter() - t0)
+
+
+def _settle_owned(store: GraphStore, writer: ChangelogWriter, reader: LogReader, p: int,
+                  pos: Position | None, epoch: int) -> tuple[str, int]:
+    """Keep, restore or enter the state of a partition just claimed at `epoch`, whose local
+    position was `pos`: (what, ops replayed)."""
+    if pos is not None:
+        if not _others_wrote(list(reader.read(p, pos.offset + 1, epoch)), pos.epoch):
+            writer.positions[p] = Position(epoch, pos.cseq, epoch)
+            partition_state.set_position(store, p, writer.positions[p])
+            return "kept", 0
+        log.warning("change log: partition %d changed owner since this store held it; "
+                    "replaying the log", p)
+    start = newest_snapshot(reader, p, epoch)
+    records = reader.read(p, OFFSET_BEGINNING if start is None else start, epoch)
+    first = next(records, None)
+    if first is None:
+        # a log without records: the state (if any) is this store's, from before the change
+        # log was switched on; it enters the log as a snapshot
+        writer.positions[p] = Position(epoch, 0, epoch)
+        partition_state.set_position(store, p, writer.positions[p])
+        if partition_state.has_state(store, p):
+            writer.snapshot(p)
+            return "bootstrapped", 0
+        return "empty", 0
+    replay = Replay()
+
+    def steps():
+        yield from replay.feed(*first)
+        for rec in records:
+            yield from replay.feed(*rec)
+        yield from replay.end(pos.cseq if pos is not None else None)
+
+    partition_state.drop(store, p)
+    cseq, n = partition_state.apply(store, p, steps())
+    writer.positions[p] = Position(epoch, max(cseq, 0), epoch)
+    partition_state.set_position(store, p, writer.positions[p])
+    marked = partition_state.mark_dirty(store, p)
+    log.info("change log: restored partition %d (%d changes, commit %d, %d nodes to re-encode)",
+             p, n, cseq, marked)
+    return "restored", n

@@ -127,7 +127,7 @@ def test_a_snapshot_without_its_claim_starts_the_history():
 def test_incomplete_parts_never_apply():
     log = Log()
     o = Owner(log, {}, 0, keep=False)
-    recs = set_records(o.epoch, 1, [(0, bytes([i]), b"x" * 20) for i in range(5)], 30)
+    recs = list(set_records(o.epoch, 1, [(0, bytes([i]), b"x" * 20) for i in range(5)], 30))
     assert len(recs) > 1
     log.append(recs[:-1])                                  # the owner died mid-set
     assert list(replay(log.records, base=None)) == []

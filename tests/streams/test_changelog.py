@@ -84,3 +84,51 @@ def test_a_partition_that_never_entered_the_log_is_not_dropped(cfg, tmp_path, ti
             changelog.settle(cfg.kafka, store, w, [0], cfg.kafka.partitions)
         w.close()
         assert all(partition_state.has_state(store, p, meta=False) for p in range(1, cfg.kafka.partitions))
+
+
+def test_a_changed_partition_is_snapshotted_when_due_and_restores_from_there(cfg, tmp_path, tiny_world,
+                                                                            monkeypatch):
+    parts = list(range(cfg.kafka.partitions))
+    with GraphStore(tmp_path / "owner", cfg.schema, cfg.kafka.partitions) as store:
+        w = _writer(cfg, store, "owner")
+        changelog.settle(cfg.kafka, store, w, parts, cfg.kafka.partitions)
+        store.attach_log(parts, w)
+        writer = GraphWriter(store, cfg.graph)
+        for e in tiny_world[:400]:
+            writer.apply(e)
+        writer.commit()
+        w.snapshot_every_s = 0.0
+        w.snapshot_due()                         # the first call only starts the clocks
+        before = {p: w.positions[p].offset for p in parts}
+        w.snapshot_due()
+        assert all(w.positions[p].offset == before[p] for p in parts)    # nothing changed since
+        touched = {store.keys.partition(e.src) for e in tiny_world[400:410]}
+        for e in tiny_world[400:410]:
+            writer.apply(e)
+        writer.commit()
+        w._last_snapshot = {p: (0.0, at) for p, (_, at) in w._last_snapshot.items()}
+        before = {p: w.positions[p].offset for p in parts}
+        w.snapshot_due()
+        assert {p for p in parts if w.positions[p].offset != before[p]} >= touched
+        snapshot_at = {p: w.positions[p].offset for p in touched}     # its last part
+        w.close()
+        expected = {p: _movable(store, p) for p in parts}
+    starts = {}
+    newest = changelog.newest_snapshot
+
+    def spy(reader, p, end):
+        starts[p] = newest(reader, p, end)
+        return starts[p]
+
+    monkeypatch.setattr(changelog, "newest_snapshot", spy)
+    with GraphStore(tmp_path / "next", cfg.schema, cfg.kafka.partitions) as store:
+        w = _writer(cfg, store, "next")
+        changelog.settle(cfg.kafka, store, w, parts, cfg.kafka.partitions)
+        # the replay of a snapshotted partition starts at the snapshot, not at its first commit
+        assert all(starts[p] is not None and starts[p] <= snapshot_at[p] for p in touched)
+        assert all(starts[p] > 1 for p in touched)
+        w.close()
+        dirty = NODE_FAMILIES.index("dirty")
+        for p in parts:
+            assert [op for op in _movable(store, p) if op[0] != dirty] == \
+                [op for op in expected[p] if op[0] != dirty]

@@ -1,7 +1,8 @@
 """The worker set changes while a stream flows: 1 -> 2 -> 4 -> 1 worker processes on the
-embedded broker, with the change log moving each partition's state to its new owner and
-one worker killed -9 mid-stream. At the end the last worker's state, and a fresh restore
-of every partition from the log, equal a direct apply of the whole stream."""
+embedded broker, ingesting and refreshing, with the change log moving each partition's state
+to its new owner and one worker killed -9 mid-stream. At the end the last worker's state,
+and a fresh restore of every partition from the log, equal a direct apply of the whole
+stream, and no token change was published twice with different content."""
 import re
 import time
 import urllib.request
@@ -10,12 +11,13 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from hirflow.state.events import Engagement
 from hirflow.state.graph import GraphStore
-from hirflow.streams import changelog
+from hirflow.streams import changelog, changes
 from hirflow.streams.replay import produce
 from hirflow.streams.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics
 from hirflow.streams.worker_process import WorkerProcess
 from tests.state.helpers import apply_direct, assert_same_state, digest
+from tests.streams.kafka_helpers import drain
 
 
 def end_offsets(cfg, topic: str) -> dict[int, int]:
@@ -69,7 +71,18 @@ def wait_done(cfg, running: list[WorkerProcess], timeout: float = 120.0) -> None
             time.sleep(0.5)
 
 
-def test_the_worker_set_grows_and_shrinks_without_losing_or_doubling_anything(cfg, tmp_path):
+def wait_refreshed(running: list[WorkerProcess], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        ms = [w.metrics() for w in running]
+        if all(m and m.get("hirflow_dirty_nodes", 1) == 0 and m.get("hirflow_neighbor_refresh_backlog", 1) == 0
+               for m in ms):
+            return
+        assert time.monotonic() < deadline, "refresh did not catch up"
+        time.sleep(0.3)
+
+
+def test_the_worker_set_grows_and_shrinks_without_losing_or_doubling_anything(cfg, tmp_path, tiny_checkpoints):
     world = SynthWorld(SynthConfig(events=9_000, users=150, advertisers=6, seed=21))
     evs = [e for e in world.stream() if isinstance(e, Engagement)]
     chunks = [evs[:2500], evs[2500:5500], evs[5500:7500], evs[7500:]]
@@ -80,7 +93,8 @@ def test_the_worker_set_grows_and_shrinks_without_losing_or_doubling_anything(cf
                "HIRFLOW_WORKER__CHANGELOG": "true", "HIRFLOW_GRAPH__PATH": str(tmp_path / volume),
                "HIRFLOW_INGEST__BATCH_MAX": "400", "HIRFLOW_INGEST__GROUP_ID": f"ingest-{phase}-{index}",
                "HIRFLOW_WORKER__APP_ID": "hirflow-scale", "HIRFLOW_WORKER__KNOWLEDGE": "false",
-               "HIRFLOW_REFRESH__ENABLED": "false", "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5",
+               "HIRFLOW_REFRESH__CHECKPOINT": str(tiny_checkpoints[1]),
+               "HIRFLOW_REFRESH__SAMPLE_PROCESS": "false", "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5",
                "HIRFLOW_GRAPH__TOP_K": str(cfg.graph.top_k)}
         started.append(WorkerProcess(cfg, tmp_path / f"w-{phase}-{index}.log", env).start())
         return started[-1]
@@ -96,11 +110,25 @@ def test_the_worker_set_grows_and_shrinks_without_losing_or_doubling_anything(cf
                 running[1].kill9()
                 running[1] = start(phase, 1, count, volumes[1])
             wait_done(cfg, running)
+            if phase == len(phases) - 1:     # the last owner publishes what is left
+                wait_refreshed(running)
             assert all(w.stop() == 0 for w in running)
     finally:
         for w in started:
             w.close()
 
+    # token changes: whoever published a node's change with a sequence number, the content is
+    # the same (a move carries the sequences and the unacknowledged outbox with the state)
+    # the same, and a node's new changes (resends aside) come in increasing sequence
+    seen: dict[tuple[str, int], set[bytes]] = {}
+    last: dict[str, int] = {}
+    for m in drain(cfg, Topics(cfg.kafka.topic_prefix).token_changes, 10**9, timeout=8):
+        c = changes.decode(m.value())
+        if (c.node, c.seq) not in seen:
+            assert c.seq > last.get(c.node, -1), (c.node, c.seq, last.get(c.node))
+            last[c.node] = c.seq
+        seen.setdefault((c.node, c.seq), set()).add(m.value())
+    assert seen and all(len(v) == 1 for v in seen.values())
     with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
         apply_direct(store, evs, cfg.graph)
         expected = digest(store)
