@@ -56,9 +56,9 @@ def has_state(store: GraphStore, partition: int, meta: bool = True) -> bool:
         or (meta and any(True for _ in _meta_keys(store, partition)))
 
 
-def drop(store: GraphStore, partition: int) -> int:
-    """Remove the partition's movable state, its index entries in every generation and its
-    log position; returns the node records removed. The super-graph's aggregates (sums over
+def drop(store: GraphStore, partition: int, keep_position: bool = False) -> int:
+    """Remove the partition's movable state, its index entries in every generation and
+    (unless `keep_position`) its log position; returns the node records removed. The super-graph's aggregates (sums over
     primitives) keep the dropped nodes' past contributions until they decay."""
     prefix = KeyCodec.partition_prefix(partition)
     end = (partition + 1).to_bytes(2, "big")
@@ -69,7 +69,8 @@ def drop(store: GraphStore, partition: int) -> int:
         wb.delete_range(cf, prefix, end)
     for k, _ in list(_meta_keys(store, partition)):
         wb.delete("meta", k)
-    wb.delete("meta", position_key(partition))
+    if not keep_position:
+        wb.delete("meta", position_key(partition))
     store.write(wb)
     return nodes
 
@@ -97,7 +98,7 @@ def apply(store: GraphStore, partition: int, steps: Iterable[Step]) -> tuple[int
     cseq, n = -1, 0
     for step in steps:
         if step.replace:
-            drop(store, partition)
+            drop(store, partition, keep_position=True)
         wb = store.batch_unlogged()
         for i, (code, key, value) in enumerate(step.ops, 1):
             if value is None:

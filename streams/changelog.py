@@ -262,6 +262,8 @@ def settle(kafka: KafkaConfig, store: GraphStore, writer: ChangelogWriter,
             dropped[p] = partition_state.drop(store, p)
             log.info("change log: dropped partition %d (%d nodes): another worker owns it", p, dropped[p])
     positions = {p: partition_state.position(store, p) for p in owned}
+    # a restore that did not finish (its position says commit -1) is started again
+    positions = {p: pos if pos is not None and pos.cseq >= 0 else None for p, pos in positions.items()}
     epochs = writer.claim({p: pos.cseq if pos is not None else None for p, pos in positions.items()})
     reader = LogReader(kafka, writer.topic)
     try:
@@ -310,10 +312,13 @@ def _settle_owned(store: GraphStore, writer: ChangelogWriter, reader: LogReader,
         yield from replay.end(pos.cseq if pos is not None else None)
 
     partition_state.drop(store, p)
+    # while the replay runs the partition is marked unfinished: a crash leaves it to be
+    # replayed again (if owned) or dropped (if not), never kept half-restored
+    partition_state.set_position(store, p, Position(epoch, -1, epoch))
     cseq, n = partition_state.apply(store, p, steps())
-    writer.positions[p] = Position(epoch, max(cseq, 0), epoch)
-    partition_state.set_position(store, p, writer.positions[p])
     marked = partition_state.mark_dirty(store, p)
+    writer.positions[p] = Position(epoch, max(cseq, 0), epoch)
+    partition_state.set_position(store, p, writer.positions[p])      # now it is whole
     log.info("change log: restored partition %d (%d changes, commit %d, %d nodes to re-encode)",
              p, n, cseq, marked)
     return "restored", n

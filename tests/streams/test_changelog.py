@@ -132,3 +132,39 @@ def test_a_changed_partition_is_snapshotted_when_due_and_restores_from_there(cfg
         for p in parts:
             assert [op for op in _movable(store, p) if op[0] != dirty] == \
                 [op for op in expected[p] if op[0] != dirty]
+
+
+def test_a_restore_cut_short_is_replayed_again_or_dropped_never_kept(cfg, tmp_path, tiny_world):
+    parts = list(range(cfg.kafka.partitions))
+    with GraphStore(tmp_path / "owner", cfg.schema, cfg.kafka.partitions) as store:
+        apply_direct(store, _events(tiny_world), cfg.graph)
+        w = _writer(cfg, store, "owner")
+        changelog.settle(cfg.kafka, store, w, parts, cfg.kafka.partitions)    # into the log
+        w.close()
+        expected = {p: _movable(store, p) for p in parts}
+    with GraphStore(tmp_path / "next", cfg.schema, cfg.kafka.partitions) as store:
+        w = _writer(cfg, store, "next")
+
+        def crash(*a, **k):
+            raise KeyboardInterrupt("killed mid-replay")
+
+        real = partition_state.mark_dirty
+        partition_state.mark_dirty = crash            # the replay's last step never runs
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                changelog.settle(cfg.kafka, store, w, parts, cfg.kafka.partitions)
+        finally:
+            partition_state.mark_dirty = real
+        w.close()
+        assert partition_state.position(store, 0).cseq == -1     # marked unfinished
+        w = _writer(cfg, store, "others")          # not owned now: dropped, not refused
+        done = changelog.settle(cfg.kafka, store, w, parts[1:], cfg.kafka.partitions)
+        w.close()
+        assert 0 in done.dropped and not partition_state.has_state(store, 0, meta=False)
+        w = _writer(cfg, store, "zero")            # owned again: replayed whole
+        done = changelog.settle(cfg.kafka, store, w, [0], cfg.kafka.partitions)
+        w.close()
+        assert 0 in done.restored
+        dirty = NODE_FAMILIES.index("dirty")
+        assert [op for op in _movable(store, 0) if op[0] != dirty] == \
+            [op for op in expected[0] if op[0] != dirty]
