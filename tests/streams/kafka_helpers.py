@@ -59,8 +59,12 @@ def assert_ingest_equals_direct(cfg: HirflowConfig, topics, expected, tmp_path) 
 
 
 def end_total(cfg: HirflowConfig, topic: str) -> int:
-    """Records ever written to the topic, summed over its partitions: each partition's end
-    offset, found by reading to its end. The embedded broker (tansu) reports a high
+    """Records ever written to the topic, summed over its partitions (`end_offsets`)."""
+    return sum(end_offsets(cfg, topic).values())
+
+
+def end_offsets(cfg: HirflowConfig, topic: str) -> dict[int, int]:
+    """Each partition's end offset, found by reading to its end. The embedded broker (tansu) reports a high
     watermark of the last record batch's *first* offset + 1, so a watermark alone can be a
     whole producer batch short of the end (Kafka reports the end itself); reading from
     `high - 1` to the partition's end gives the true end on both."""
@@ -85,4 +89,4 @@ def end_total(cfg: HirflowConfig, topic: str) -> int:
                 elif m.error().code() == KafkaError._PARTITION_EOF:
                     open_parts.discard(m.partition())
     c.close()
-    return sum(ends.values())
+    return ends

@@ -24,13 +24,18 @@ def _writer(cfg, store, name):
     return changelog.ChangelogWriter(cfg.kafka, store, Topics(cfg.kafka.topic_prefix).changelog, name)
 
 
+def _logged_writer(cfg, store, name, parts) -> tuple[changelog.ChangelogWriter, GraphWriter]:
+    """A store that owns `parts` through the change log, and a graph writer on it."""
+    w = _writer(cfg, store, name)
+    changelog.settle(cfg.kafka, store, w, parts, cfg.kafka.partitions)
+    store.attach_log(parts, w)
+    return w, GraphWriter(store, cfg.graph)
+
+
 def test_a_claim_fences_the_former_owner_before_it_writes_locally(cfg, tmp_path, tiny_world):
     parts = list(range(cfg.kafka.partitions))
     with GraphStore(tmp_path / "old", cfg.schema, cfg.kafka.partitions) as old:
-        w_old = _writer(cfg, old, "old")
-        changelog.settle(cfg.kafka, old, w_old, parts, cfg.kafka.partitions)
-        old.attach_log(parts, w_old)
-        writer = GraphWriter(old, cfg.graph)
+        w_old, writer = _logged_writer(cfg, old, "old", parts)
         for e in _events(tiny_world, 300):
             writer.apply(e)
         writer.commit()
@@ -90,10 +95,7 @@ def test_a_changed_partition_is_snapshotted_when_due_and_restores_from_there(cfg
                                                                             monkeypatch):
     parts = list(range(cfg.kafka.partitions))
     with GraphStore(tmp_path / "owner", cfg.schema, cfg.kafka.partitions) as store:
-        w = _writer(cfg, store, "owner")
-        changelog.settle(cfg.kafka, store, w, parts, cfg.kafka.partitions)
-        store.attach_log(parts, w)
-        writer = GraphWriter(store, cfg.graph)
+        w, writer = _logged_writer(cfg, store, "owner", parts)
         for e in tiny_world[:400]:
             writer.apply(e)
         writer.commit()

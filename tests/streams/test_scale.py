@@ -7,8 +7,6 @@ import re
 import time
 import urllib.request
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-
 from hirflow.state.events import Engagement
 from hirflow.state.graph import GraphStore
 from hirflow.streams import changelog, changes
@@ -17,29 +15,7 @@ from hirflow.streams.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics
 from hirflow.streams.worker_process import WorkerProcess
 from tests.state.helpers import apply_direct, assert_same_state, digest
-from tests.streams.kafka_helpers import drain
-
-
-def end_offsets(cfg, topic: str) -> dict[int, int]:
-    """Each partition's true end (read to it: the embedded broker's watermark can be short)."""
-    c = Consumer({"bootstrap.servers": cfg.kafka.bootstrap, "group.id": "test-ends",
-                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
-    ends = {}
-    for p in range(cfg.kafka.partitions):
-        _, ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-    todo = [TopicPartition(topic, p, e - 1) for p, e in ends.items() if e > 0]
-    if todo:
-        c.assign(todo)
-        open_parts = {tp.partition for tp in todo}
-        deadline = time.monotonic() + 30
-        while open_parts and time.monotonic() < deadline:
-            for m in c.consume(10_000, timeout=0.5):
-                if m.error() is None:
-                    ends[m.partition()] = max(ends[m.partition()], m.offset() + 1)
-                elif m.error().code() == KafkaError._PARTITION_EOF:
-                    open_parts.discard(m.partition())
-    c.close()
-    return ends
+from tests.streams.kafka_helpers import drain, end_offsets
 
 
 def applied_offsets(w: WorkerProcess) -> dict[tuple[str, int], float]:
