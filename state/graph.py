@@ -7,8 +7,9 @@ Column families (all keys are `state.keys` node keys unless said otherwise):
 - ``knowledge`` node key -> world-knowledge text vector (float32 bytes, MiniLM 384-d)
 - ``dirty``     node key -> [node id, oldest event ts not yet refreshed]
 - ``meta``      ``schema_version``, ``num_partitions`` and consumed offsets
-                (``o:<topic>:<partition>``) plus reverse-record high marks (``r:...``)
-                and the index generations (``index:...``)
+                (``o:<topic>:<partition>``) plus reverse-record high marks (``r:...``),
+                the index generations (``index:...``) and, with a change log, each
+                partition's position in it (``c:<partition>``, `state.partition_log`)
 - ``embeddings``, ``postings``, ``members``, ``published``, ``outbox``: the serving index,
   see `state.index`; ``supergraph``: primitive aggregates, see `state.supergraph`
 
