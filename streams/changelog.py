@@ -20,6 +20,7 @@ Kafka side:
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -30,7 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from hirflow.state import partition_state
 from hirflow.state.graph import GraphStore, IncompatibleStoreError
-from hirflow.state.partition_log import (CLAIM, SNAPSHOT, Op, Position, Replay, claim_record, decode,
+from hirflow.state.partition_log import (CLAIM, SNAPSHOT, Op, Position, claim_record, decode, replay,
                                          set_records)
 from hirflow.streams import clients
 from hirflow.streams.config import KafkaConfig
@@ -303,19 +304,12 @@ def _settle_owned(store: GraphStore, writer: ChangelogWriter, reader: LogReader,
             writer.snapshot(p)
             return "bootstrapped", 0
         return "empty", 0
-    replay = Replay()
-
-    def steps():
-        yield from replay.feed(*first)
-        for rec in records:
-            yield from replay.feed(*rec)
-        yield from replay.end(pos.cseq if pos is not None else None)
-
+    steps = replay(itertools.chain([first], records), pos.cseq if pos is not None else None)
     partition_state.drop(store, p)
     # while the replay runs the partition is marked unfinished: a crash leaves it to be
     # replayed again (if owned) or dropped (if not), never kept half-restored
     partition_state.set_position(store, p, Position(epoch, -1, epoch))
-    cseq, n = partition_state.apply(store, p, steps())
+    cseq, n = partition_state.apply(store, p, steps)
     marked = partition_state.mark_dirty(store, p)
     writer.positions[p] = Position(epoch, max(cseq, 0), epoch)
     partition_state.set_position(store, p, writer.positions[p])      # now it is whole
