@@ -61,12 +61,14 @@ class WorkerRuntime:
         self.owned = frozenset(owned_partitions(cfg))
         self.changelog: ChangelogWriter | None = None
         try:
-            self.store.claim_worker(cfg.worker.count, cfg.worker.index, movable=cfg.worker.changelog)
+            if not cfg.worker.changelog:
+                self.store.claim_worker(cfg.worker.count, cfg.worker.index)
             keyed = [self.topics.engagements, self.topics.reverse, self.topics.entities]
             check_topic_identity(self.store, cfg.kafka,
                                  keyed + ([self.topics.changelog] if cfg.worker.changelog else []))
             if cfg.worker.changelog:
-                self._settle_partitions()
+                self._settle_partitions()          # the store is this worker's set only now
+                self.store.claim_worker(cfg.worker.count, cfg.worker.index, movable=True)
         except Exception:
             if self.changelog is not None:
                 self.changelog.close()
