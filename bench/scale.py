@@ -21,11 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from hirflow.encoder.collaborative import CollaborativeConfig
@@ -58,23 +56,6 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def page(w: WorkerProcess) -> dict[str, float]:
-    """The worker's metrics by name and labels (`name{labels}`), and by name summed."""
-    out: dict[str, float] = {}
-    try:
-        text = urllib.request.urlopen(w.url("/metrics"), timeout=2).read().decode()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
-        if m and not line.startswith("#"):
-            v = float(m.group(3))
-            out[m.group(1) + (m.group(2) or "")] = v
-            if m.group(2):
-                out[m.group(1)] = out.get(m.group(1), 0.0) + v
-    return out
-
-
 def run(base: HirflowConfig, evs, count: int, checkpoint: Path, tmp: Path, broker_pid: int) -> dict:
     prefix = f"scale{count}."
     cfg = build(HirflowConfig, {"kafka": {"bootstrap": base.kafka.bootstrap,
@@ -95,7 +76,7 @@ def run(base: HirflowConfig, evs, count: int, checkpoint: Path, tmp: Path, broke
     samples = []                        # (t, applied, refreshed, dirty, workers applying)
     try:
         while True:
-            ms = [page(w) for w in workers]
+            ms = [w.metrics() for w in workers]
             now = time.monotonic() - t0
             applied = sum(m.get("hirflow_events_applied_total", 0) for m in ms)
             refreshed = sum(m.get('hirflow_nodes_refreshed_total{reason="dirty"}', 0) for m in ms)

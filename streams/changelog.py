@@ -50,12 +50,6 @@ class ChangelogError(RuntimeError):
     """The log did not take a record (broker down, unreachable, rejected)."""
 
 
-@dataclass
-class _Sent:
-    offsets: list[int]
-    error: str | None = None
-
-
 class ChangelogWriter:
     """Produces commits and snapshots to `topic` and fences this worker's partitions."""
 
@@ -72,31 +66,32 @@ class ChangelogWriter:
         self.producer = clients.producer(kafka, **{"linger.ms": 1})
 
     # -- producing ------------------------------------------------------------------------
-    def _produce(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> list[int]:
-        """Produce `records` (made as they are sent) and wait for all: their offsets."""
-        sent = _Sent([])
+    def _produce(self, records: Iterable[tuple[int, bytes, bytes]]) -> list[tuple[int, int]]:
+        """Produce (partition, key, value) records (made as they are sent) and wait for all:
+        (partition, offset) of each, in offset order."""
+        got: list[tuple[int, int]] = []
+        errors: list[str] = []
 
         def done(err, msg) -> None:
             if err is not None:
-                sent.error = str(err)
+                errors.append(str(err))
             else:
-                sent.offsets.append(msg.offset())
+                got.append((msg.partition(), msg.offset()))
 
         n = 0
-        for key, value in records:
+        for partition, key, value in records:
             clients.produce_blocking(self.producer, self.topic, value, key=key,
                                      partition=partition, on_delivery=done)
             n += 1
-        left = self.producer.flush(self.timeout_s)
-        if left or sent.error or len(sent.offsets) != n:
-            raise ChangelogError(f"change log {self.topic}[{partition}] did not take "
-                                 f"{n} records: {sent.error or 'timed out'}")
-        return sorted(sent.offsets)
+        if self.producer.flush(self.timeout_s) or errors or len(got) != n:
+            raise ChangelogError(f"change log {self.topic} did not take {n} records: "
+                                 f"{errors[0] if errors else 'timed out'}")
+        return sorted(got, key=lambda po: po[1])
 
     def _append(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> int:
         """Produce records right after this worker's last one; the last one's offset."""
         pos = self.positions[partition]
-        offsets = self._produce(partition, records)
+        offsets = [o for _, o in self._produce((partition, k, v) for k, v in records)]
         if offsets[0] != pos.offset + 1 or offsets != list(range(offsets[0], offsets[0] + len(offsets))):
             raise Fenced(f"partition {partition}: another worker wrote to the change log after "
                          f"this worker's record at {pos.offset} (now at {offsets[0]}); it owns "
@@ -119,26 +114,7 @@ class ChangelogWriter:
         """Take the partitions (partition -> the base of its claim, see `state.partition_log`)
         in one round trip: their new epochs (each claim's offset)."""
         with self._lock:
-            return self._produce_each({p: [claim_record(b, self.worker)] for p, b in bases.items()})
-
-    def _produce_each(self, records: dict[int, list[tuple[bytes, bytes]]]) -> dict[int, int]:
-        """One record per partition, all acknowledged together: partition -> its offset."""
-        got: dict[int, int] = {}
-        errors: list[str] = []
-
-        def done(err, msg) -> None:
-            if err is not None:
-                errors.append(str(err))
-            else:
-                got[msg.partition()] = msg.offset()
-
-        for p, [(key, value)] in records.items():
-            clients.produce_blocking(self.producer, self.topic, value, key=key, partition=p,
-                                     on_delivery=done)
-        if self.producer.flush(self.timeout_s) or errors or len(got) != len(records):
-            raise ChangelogError(f"change log {self.topic} did not take {len(records)} claims: "
-                                 f"{errors[0] if errors else 'timed out'}")
-        return got
+            return dict(self._produce((p, *claim_record(b, self.worker)) for p, b in bases.items()))
 
     def snapshot(self, partition: int) -> None:
         """Log every movable key of the partition as of now (no commit in between)."""

@@ -16,7 +16,8 @@ from hirflow.streams.config import HirflowConfig
 
 
 def scrape(url: str) -> dict[str, float]:
-    """Sum each metric family over its labels from a Prometheus text page."""
+    """A Prometheus text page: each metric family summed over its labels (by name), and
+    each labelled series by itself (`name{label="value",...}`, as the page spells it)."""
     out: dict[str, float] = {}
     with urllib.request.urlopen(url, timeout=2) as r:
         for line in r.read().decode().splitlines():
@@ -25,6 +26,8 @@ def scrape(url: str) -> dict[str, float]:
             m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEnaNIf]+)", line)
             if m:
                 out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+                if m.group(2):
+                    out[m.group(1) + m.group(2)] = float(m.group(3))
     return out
 
 
