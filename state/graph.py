@@ -382,6 +382,15 @@ class GraphReader:
         raws = self._cf["nodes"].get([self._key(n) for n in node_ids])
         return [None if r is None else NodeState.unpack(r) for r in raws]
 
+    def raw(self, node_ids: list[str]) -> list[tuple[bytes | None, bytes | None]]:
+        """Each node's packed record and knowledge vector as stored (None where there is
+        none), in two multi-gets: what a worker sends another that samples views through
+        its nodes (`state.routed_reader`)."""
+        if not node_ids:
+            return []
+        keys = [self._key(n) for n in node_ids]
+        return list(zip(self._cf["nodes"].get(keys), self._cf["knowledge"].get(keys)))
+
     def node(self, node_id: str, as_of: int | None = None) -> NodeView | None:
         s = self.state(node_id)
         if s is None or (as_of is not None and s.first is not None and s.first > as_of):

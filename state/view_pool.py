@@ -13,6 +13,7 @@ walks, as a different batch would; the sampling rules are the same.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.graph import GraphStore
+from hirflow.state.routed_reader import Peers
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.view_source import Prepare, Sampled, ViewProcess
 from hirflow.state.views import ViewConfig
@@ -34,7 +36,8 @@ class PreparedParts(NamedTuple):
 
 class ViewPool:
     def __init__(self, store: GraphStore, schema: SchemaConfig, config: ViewConfig, seed: int,
-                 processes: int, min_chunk: int = 32, start_timeout_s: float = 120.0) -> None:
+                 processes: int, min_chunk: int = 32, start_timeout_s: float = 120.0,
+                 peers: Peers | None = None, peer_ttl_s: float = 30.0) -> None:
         if processes < 1:
             raise ValueError(f"a view pool needs at least one process, got {processes}")
         self.min_chunk = min_chunk
@@ -42,7 +45,8 @@ class ViewPool:
         try:
             for i in range(processes):
                 self.children.append(ViewProcess(store, schema, config, seed + i, start_timeout_s,
-                                                 name="follower" if i == 0 else f"follower-{i}"))
+                                                 name="follower" if i == 0 else f"follower-{i}",
+                                                 peers=peers, peer_ttl_s=peer_ttl_s))
         except BaseException:
             self.close()
             raise
@@ -68,8 +72,10 @@ class ViewPool:
         """The batch's views in its order; answers come in request order."""
         got = [child.result(t) for child, t in self._pending.pop(ticket)]
         parts = [g for g in got if g.views] or got[:1]
+        reads = {"peer_reads": sum(g.peer_reads for g in got),
+                 "peer_failures": sum(g.peer_failures for g in got)}
         if len(parts) == 1:
-            return parts[0]
+            return dataclasses.replace(parts[0], **reads)
         prepared = None
         if all(p.prepared is not None for p in parts):
             prepared = PreparedParts([len(p.views) for p in parts], [p.prepared for p in parts])
@@ -78,7 +84,7 @@ class ViewPool:
             knowledge.update(p.knowledge)
         return Sampled(views=[v for p in parts for v in p.views], knowledge=knowledge,
                        seconds=max(p.seconds for p in parts), prepared=prepared,
-                       edges=EdgeColumns.concat([p.edges for p in got]))
+                       edges=EdgeColumns.concat([p.edges for p in got]), **reads)
 
     def sample(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> Sampled:
         return self.result(self.submit(ids, cutoff, prepare))

@@ -19,10 +19,13 @@ pid)` or `("error", message)`, then a `SampleReply` per request. Views travel as
 matrix: a few arrays instead of thousands of small ones to pickle and unpickle, the latter
 under the worker's lock. The anchors' adjacencies come along as `state.edge_columns.EdgeColumns`
 (for the super-graph and the neighbour queue): the child decoded those records anyway.
-Several children sample one batch together in `state.view_pool.ViewPool`.
+Several children sample one batch together in `state.view_pool.ViewPool`. With several
+workers, `peers` routes reads of other workers' nodes to their owners
+(`state.routed_reader`), in whichever process samples.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import logging
@@ -43,6 +46,7 @@ import numpy as np
 
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.graph import GraphStore
+from hirflow.state.routed_reader import Peers, RoutedReader
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.views import View, ViewConfig, ViewSampler
 
@@ -60,13 +64,17 @@ Prepare = Callable[[list[View], Mapping[str, np.ndarray]], Any]
 class Sampled:
     """A batch's views, the world-knowledge vectors of every node in them, the seconds the
     sampling took (catch-up included) where it ran, what the request's `prepare` made
-    of the views there (the encoder's packed arrays), if it had one, and the adjacencies of
-    the requested nodes in the records the views were sampled from."""
+    of the views there (the encoder's packed arrays), if it had one, the adjacencies of
+    the requested nodes in the records the views were sampled from, and how many nodes were
+    read from other workers (`peer_reads`) or read as missing because their owner did not
+    answer (`peer_failures`)."""
     views: list[View]
     knowledge: Mapping[str, np.ndarray]
     seconds: float
     prepared: Any = None
     edges: EdgeColumns | None = None
+    peer_reads: int = 0
+    peer_failures: int = 0
 
 
 class SampleRequest(NamedTuple):
@@ -82,7 +90,8 @@ class SampleRequest(NamedTuple):
 class SampleReply(NamedTuple):
     """Sampling process -> parent, one per request in request order: the views as columns
     (`to_columns`), the world-knowledge vectors of their nodes (`knowledge_ids` rows of
-    `knowledge`), what `prepare` made, the adjacencies; or `error`, a traceback."""
+    `knowledge`), what `prepare` made, the adjacencies, the peer read counts; or `error`, a
+    traceback."""
     ticket: int
     error: str | None = None
     columns: Any = None
@@ -91,15 +100,21 @@ class SampleReply(NamedTuple):
     seconds: float = 0.0
     prepared: Any = None
     edges: EdgeColumns | None = None
+    peer_reads: int = 0
+    peer_failures: int = 0
 
 
 class LocalViews:
-    """Samples in the calling process; `follower` stores catch up with their primary first."""
+    """Samples in the calling process; `follower` stores catch up with their primary first.
+    With `peers`, nodes of other workers are read from their owners and kept `peer_ttl_s`."""
 
     def __init__(self, store: GraphStore, schema: SchemaConfig, config: ViewConfig, seed: int,
-                 defer_free: bool = False) -> None:
+                 defer_free: bool = False, peers: Peers | None = None,
+                 peer_ttl_s: float = 30.0) -> None:
         self.store = store
-        self.sampler = ViewSampler(store.reader, schema, config, seed=seed)
+        self.routed = None if peers is None else RoutedReader(store.reader, peers, peer_ttl_s)
+        self.reader = self.routed or store.reader
+        self.sampler = ViewSampler(self.reader, schema, config, seed=seed)
         self.codes = schema.action_codes()
         self.defer_free = defer_free        # changed nodes' old records freed by `release()`
         self._tickets = itertools.count()
@@ -113,12 +128,21 @@ class LocalViews:
         t0 = time.perf_counter()
         if self.store.follower:
             self.store.catch_up()
-        self.sampler.invalidate(ids if changed is None else changed, defer_free=self.defer_free)
+        changed = list(ids if changed is None else changed)
+        routed = self.routed
+        if routed is not None:            # other workers' nodes read too long ago: read again
+            changed += routed.expired()
+            reads, failures = routed.reads, routed.failures
+        self.sampler.invalidate(changed, defer_free=self.defer_free)
         views = self.sampler.sample(ids, cutoff)
-        know = self.store.reader.knowledge(sorted({n for v in views for n in v.nodes}))
+        know = self.reader.knowledge(sorted({n for v in views for n in v.nodes}))
         prepared = prepare(views, know) if prepare is not None and views else None
         edges = EdgeColumns.from_states(ids, self.sampler.records(ids), self.codes)
-        return Sampled(views, know, time.perf_counter() - t0, prepared, edges)
+        got = Sampled(views, know, time.perf_counter() - t0, prepared, edges)
+        if routed is None:
+            return got
+        return dataclasses.replace(got, peer_reads=routed.reads - reads,
+                                   peer_failures=routed.failures - failures)
 
     def submit(self, ids: list[str], cutoff: int, prepare: Prepare | None = None,
                changed: list[str] | None = None) -> int:
@@ -197,7 +221,8 @@ class ViewProcess:
     """Samples in a child process on a follower of `store` (which this process has open)."""
 
     def __init__(self, store: GraphStore, schema: SchemaConfig, config: ViewConfig, seed: int,
-                 start_timeout_s: float = 120.0, name: str = "follower") -> None:
+                 start_timeout_s: float = 120.0, name: str = "follower",
+                 peers: Peers | None = None, peer_ttl_s: float = 30.0) -> None:
         # the follower's own files (RocksDB's info log) beside the store: one fixed place
         # per store, cleared at start, so a killed worker leaves nothing behind elsewhere
         self._dir = store.path.resolve().with_name(f"{store.path.resolve().name}.{name}")
@@ -217,7 +242,8 @@ class ViewProcess:
         self._replies: dict[int, Sampled] = {}
         self.conn.send({"path": str(store.path.resolve()), "schema": schema,
                         "partitions": store.keys.num_partitions, "config": config, "seed": seed,
-                        "follower_dir": str(self._dir)})
+                        "follower_dir": str(self._dir), "peers": peers,
+                        "peer_ttl_s": peer_ttl_s})
         if not self.conn.poll(start_timeout_s):
             self.close()
             raise ViewProcessError(f"the view sampler process did not start in {start_timeout_s:.0f} s")
@@ -253,7 +279,7 @@ class ViewProcess:
                 raise ViewProcessError(f"the view sampler process failed:\n{r.error}")
             knowledge = {} if r.knowledge is None else dict(zip(r.knowledge_ids, r.knowledge))
             self._replies[r.ticket] = Sampled(from_columns(r.columns), knowledge, r.seconds,
-                                              r.prepared, r.edges)
+                                              r.prepared, r.edges, r.peer_reads, r.peer_failures)
         return self._replies.pop(ticket)
 
     def sample(self, ids: list[str], cutoff: int, prepare: Prepare | None = None) -> Sampled:
@@ -280,7 +306,8 @@ def _serve(conn: _Channel) -> None:
         store = GraphStore(init["path"], init["schema"], init["partitions"],
                            follower_dir=init["follower_dir"])
         # the parent waits for each reply: free the changed nodes' old records after it
-        views = LocalViews(store, init["schema"], init["config"], init["seed"], defer_free=True)
+        views = LocalViews(store, init["schema"], init["config"], init["seed"], defer_free=True,
+                           peers=init["peers"], peer_ttl_s=init["peer_ttl_s"])
     except Exception as exc:   # the parent raises it with this message
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -296,7 +323,8 @@ def _serve(conn: _Channel) -> None:
                 keys = list(got.knowledge)
                 vectors = np.stack([got.knowledge[k] for k in keys]) if keys else None
                 reply = SampleReply(req.ticket, None, to_columns(got.views), keys, vectors,
-                                    got.seconds, got.prepared, got.edges)
+                                    got.seconds, got.prepared, got.edges, got.peer_reads,
+                                    got.peer_failures)
             except Exception:
                 reply = SampleReply(req.ticket, traceback.format_exc())
             conn.send(reply)

@@ -59,6 +59,10 @@ class WorkerConfig:
                                         # (http://hirflow-{index}.hirflow-headless:6066): queries
                                         # about another worker's node are forwarded to it
                                         # ("": answered here, 404 for another worker's node)
+                                        # and view sampling reads another worker's nodes
+                                        # from it ("": views stop at those nodes)
+    peer_cache_s: float = 30.0          # how long a node read from another worker is reused
+                                        # by view sampling (its owner's changes show after that)
     changelog: bool = False             # log each owned partition's state changes to
                                         # hirflow.changelog before writing them, so that
                                         # `count` can change: a worker restores the partitions
@@ -73,8 +77,8 @@ class WorkerConfig:
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
         if self.query_threads < 1 or self.query_queue < 0:
             raise ValueError("worker.query_threads must be >= 1 and query_queue >= 0")
-        if self.changelog_snapshot_s <= 0:
-            raise ValueError("worker.changelog_snapshot_s must be > 0")
+        if self.changelog_snapshot_s <= 0 or self.peer_cache_s <= 0:
+            raise ValueError("worker.changelog_snapshot_s and peer_cache_s must be > 0")
         if self.peer_url and "{index}" not in self.peer_url:
             raise ValueError(f"worker.peer_url must hold {{index}} where the worker's index goes, "
                              f"got {self.peer_url!r}")

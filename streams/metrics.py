@@ -54,6 +54,9 @@ VIEW_WAIT_SECONDS = Histogram("hirflow_view_wait_seconds",
                               "Time the refresh thread waited for a micro-batch's views",
                               buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
                               registry=REGISTRY)
+PEER_READS = Counter("hirflow_peer_reads_total",
+                     "Nodes of other workers that view sampling asked their owners for: "
+                     "read, or missing (the owner did not answer)", ["result"], registry=REGISTRY)
 NODES_REFRESHED = Counter("hirflow_nodes_refreshed_total", "Nodes re-encoded", ["reason"],
                           registry=REGISTRY)
 TOKEN_CHANGES = Counter("hirflow_token_changes_total", "Token changes acknowledged by Kafka",

@@ -5,11 +5,13 @@ neighbours are queued (`neighbors_per_node` each) and refreshed later within a r
 (`neighbor_rate` per second): the refresh of nodes dirtied by events comes first. Each
 request carries the event time of the change that caused it, so its token change measures
 freshness from that event. The queue is bounded: past `MAX_WAITING` the oldest requests go.
+With several workers only this worker's own neighbours are queued (`owns`): another
+worker's node is refreshed by its owner, when its own events or neighbours change it.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.streams.metrics import NEIGHBOR_BACKLOG
@@ -21,8 +23,9 @@ MAX_WAITING = 100_000
 class NeighborQueue:
     """Used by the refresh thread only."""
 
-    def __init__(self, per_node: int, rate: float) -> None:
+    def __init__(self, per_node: int, rate: float, owns: Callable[[str], bool] | None = None) -> None:
         self.per_node = per_node
+        self.owns = owns                       # None: every node is this worker's
         self.budget = RateBudget(rate)
         self._waiting: OrderedDict[str, int] = OrderedDict()   # node -> causing event time
 
@@ -46,7 +49,8 @@ class NeighborQueue:
         for i in moved:
             n = edges.nodes[i]
             for nbr in edges.heaviest(i, self.per_node):
-                if nbr not in self._waiting and nbr not in event_ts and nbr not in skip:
+                if nbr not in self._waiting and nbr not in event_ts and nbr not in skip \
+                        and (self.owns is None or self.owns(nbr)):
                     self._waiting[nbr] = event_ts[n]
         while len(self._waiting) > MAX_WAITING:
             self._waiting.popitem(last=False)

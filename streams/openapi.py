@@ -42,6 +42,14 @@ def document(version: str) -> dict:
                                "worker's assignment (index, count, partitions)", []),
             "/v1/nodes/{node}": _op("Embedding, BoM tokens, assignment per level, seq",
                                     [_p("node", "node id, e.g. user:42")]),
+            "/v1/nodes/{node}/view": _op(
+                "The node's student view: the neighbourhood the encoder reads (nodes with hop "
+                "and stats: log1p events, out-degree, in-degree, days since first and last "
+                "seen, frequent flag, log1p recent edges; edges between them with action, "
+                "decayed weight and age); other workers' nodes read from their owners",
+                [_p("node", "node id, e.g. user:42"),
+                 _q("cutoff", "as of this time, epoch ms (default now)", schema={"type": "integer"}),
+                 _q("seed", "random-walk seed (default 0)", schema={"type": "integer"})]),
             "/v1/retrieve": _op("Ads/products for a user: shared-token candidates re-ranked by "
                                 "inner product; with several workers and worker.peer_url, every "
                                 "worker's items, merged by score (`workers`: asked, answered)",

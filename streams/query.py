@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from hirflow.state.supergraph import SuperGraph
+from hirflow.state.views import View
 from hirflow.streams.serving_snapshot import ServingSnapshot
 
 MAX_K = 1000
@@ -48,16 +49,22 @@ class QueryService:
 
     def __init__(self, serving: Callable[[], ServingSnapshot], supergraph: SuperGraph,
                  types: Iterable[str], status: Callable[[], dict],
-                 item_types: Iterable[str] = ("ad", "product")) -> None:
+                 item_types: Iterable[str] = ("ad", "product"),
+                 view_of: Callable[[str, int, int], View | None] | None = None,
+                 actions: Iterable[str] = ()) -> None:
         self.serving, self.supergraph, self._status = serving, supergraph, status
         self.types = set(types)
+        self.type_names = list(types)           # a view's type codes index these
         self.item_types = tuple(item_types)     # what `retrieve` returns without `types`
+        self.view_of = view_of                  # (node, cutoff, seed) -> its student view
+        self.actions = sorted(actions)          # a view's action codes index these
 
     @classmethod
     def of(cls, refresh) -> "QueryService":
         """The query service of a `RefreshLoop`."""
+        schema = refresh.cfg.schema
         return cls(lambda: refresh.serving, refresh.supergraph, refresh.types, refresh.status,
-                   refresh.cfg.schema.item_node_types)
+                   schema.item_node_types, refresh.view_of, schema.all_actions)
 
     # -- parameter helpers ----------------------------------------------------------------
     def _types(self, params) -> list[str] | None:
@@ -132,6 +139,27 @@ class QueryService:
             raise QueryError(400, f"q has {len(q)} floats, the index {mem.d}")
         hits = mem.search(q, tokens, k, types, probes=probes)
         return {"model": mem.model, "results": [{"node": n, "score": round(s, 6)} for n, s in hits]}
+
+    def view(self, node: str, params) -> dict:
+        """The node's student view as of `cutoff` (ms, default now) with walk seed `seed`
+        (default 0): its nodes (hop, behavioural stats) and the edges between them, as the
+        encoder sees them. The same parameters give the same view while the graph does not
+        change, on whichever worker answers."""
+        self._node({"node": node})
+        cutoff = _int(params, "cutoff", int(time.time() * 1000), 0, 2 ** 62)
+        seed = _int(params, "seed", 0, 0, 2 ** 31 - 1)
+        v = self.view_of(node, cutoff, seed) if self.view_of is not None else None
+        if v is None:
+            raise QueryError(404, f"{node} is not in the graph")
+        names = v.nodes
+        return {"node": node, "cutoff": cutoff, "seed": seed,
+                "nodes": [{"node": n, "type": self.type_names[t], "hop": int(h),
+                           "stats": [round(float(x), 6) for x in s]}
+                          for n, t, h, s in zip(names, v.types.tolist(), v.hop, v.stats)],
+                "edges": [{"src": names[a], "dst": names[b], "action": self.actions[c],
+                           "weight": round(float(w), 6), "age_s": round(float(g), 3)}
+                          for a, b, c, w, g in zip(v.edge_src.tolist(), v.edge_dst.tolist(),
+                                                   v.edge_action.tolist(), v.edge_weight, v.edge_age)]}
 
     def similar(self, params) -> dict:
         node = self._node(params)

@@ -40,7 +40,8 @@ from hirflow.state.index import ACTIVE_KEY, TokenIndex
 from hirflow.state.supergraph import SuperGraph
 from hirflow.state.view_pool import ViewPool
 from hirflow.state.view_source import LocalViews, Sampled
-from hirflow.state.views import STUDENT
+from hirflow.state.routed_reader import RoutedReader
+from hirflow.state.views import STUDENT, View, ViewSampler
 from hirflow.state.writer import GraphWriter
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
@@ -48,9 +49,11 @@ from hirflow.streams.cores import default_sample_processes
 from hirflow.streams.generation_writer import GenerationWriter
 from hirflow.streams.hot_swap_build import HotSwapBuild
 from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_GENERATION, INDEX_NODES, MODEL_INFO,
-                                     NODES_REFRESHED, REFRESH_BATCH, REFRESH_SECONDS, SWAP_PROGRESS,
-                                     VIEW_SAMPLE_SECONDS, VIEW_WAIT_SECONDS)
+                                     NODES_REFRESHED, PEER_READS, REFRESH_BATCH, REFRESH_SECONDS,
+                                     SWAP_PROGRESS, VIEW_SAMPLE_SECONDS, VIEW_WAIT_SECONDS)
 from hirflow.streams.neighbor_queue import NeighborQueue
+from hirflow.streams.peer_reads import PeerRecords
+from hirflow.streams.routing import NodeRouter
 from hirflow.streams.serving_snapshot import ServingSnapshot, empty_memory
 from hirflow.streams.token_outbox import TokenOutbox
 from hirflow.streams.topics import Topics
@@ -86,13 +89,19 @@ class RefreshLoop:
         self.outbox = TokenOutbox(self.index, store.keys,
                                   producer or clients.producer(cfg.kafka, **{"linger.ms": 1}),
                                   topics.token_changes)
-        self.neighbors = NeighborQueue(self.rcfg.neighbors_per_node, self.rcfg.neighbor_rate)
+        w = cfg.worker
+        router = NodeRouter(w.index, w.count, cfg.kafka.partitions)
+        self.neighbors = NeighborQueue(self.rcfg.neighbors_per_node, self.rcfg.neighbor_rate,
+                                       None if w.count == 1 else lambda n: router.owner(n) == w.index)
         self.generations = GenerationWriter(self.index, self.supergraph)
+        # with several workers, views read other workers' nodes from their owners
+        self.peers = PeerRecords.of(cfg)
+        routed = {"peers": self.peers, "peer_ttl_s": cfg.worker.peer_cache_s}
         if self.rcfg.sample_process:
             processes = self.rcfg.sample_processes or default_sample_processes()
-            self.views = ViewPool(store, cfg.schema, STUDENT, self.rcfg.seed, processes)
+            self.views = ViewPool(store, cfg.schema, STUDENT, self.rcfg.seed, processes, **routed)
         else:
-            self.views = LocalViews(store, cfg.schema, STUDENT, self.rcfg.seed)
+            self.views = LocalViews(store, cfg.schema, STUDENT, self.rcfg.seed, **routed)
         self.swap = HotSwapBuild(self.rcfg, store, self.index, self.supergraph, self.views,
                                  self.generations, self.outbox, self._load, self.types)
         self.stop = threading.Event()
@@ -246,6 +255,9 @@ class RefreshLoop:
         serving, build = self.serving, self.swap.building
         sampled = sampled or self.views.sample(ids, now_ms(), serving.model.packer)
         VIEW_SAMPLE_SECONDS.observe(sampled.seconds)
+        if sampled.peer_reads or sampled.peer_failures:
+            PEER_READS.labels("read").inc(sampled.peer_reads)
+            PEER_READS.labels("missing").inc(sampled.peer_failures)
         ts = now_ms()
         batch = self.index.batch()
         out = self.generations.stage(batch, serving.gen, serving.model, serving.memory, ids,
@@ -281,6 +293,15 @@ class RefreshLoop:
         MODEL_INFO.labels(serving.model.id).set(1)
         if self.swap.building is None:
             SWAP_PROGRESS.set(1.0)
+
+    def view_of(self, node: str, cutoff: int, seed: int) -> View | None:
+        """The student view of `node` (None if this worker has no record of it) as of
+        `cutoff`, its walks seeded by `seed`, sampled afresh from the committed state with
+        other workers' nodes read from their owners: what the encoder sees of the node."""
+        if self.store.reader.state(node) is None:
+            return None
+        reader = self.store.reader if self.peers is None else RoutedReader(self.store.reader, self.peers)
+        return ViewSampler(reader, self.cfg.schema, STUDENT, seed=seed, cache_size=4096).sample([node], cutoff)[0]
 
     def status(self) -> dict:
         serving = self.serving

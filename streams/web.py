@@ -5,7 +5,9 @@ Queries run in a pool of `worker.query_threads` threads, never on the event loop
 answers health checks and runs the entity agent; at most `worker.query_queue` more wait, and
 a request beyond that is answered 429 at once. With `worker.api_token` set, /v1 asks for
 `Authorization: Bearer <token>` (the probes and /metrics stay open). A query about a node
-another worker owns is forwarded to it when `worker.peer_url` is set (`streams.routing`)."""
+another worker owns is forwarded to it when `worker.peer_url` is set (`streams.routing`), and
+the other workers' view samplers read this worker's nodes from `/v1/internal/records`
+(`streams.peer_reads`)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +19,7 @@ import faust
 from faust.web import Request, Response, View
 
 from hirflow.streams.metrics import exposition
+from hirflow.streams import peer_reads
 from hirflow.streams.openapi import document
 from hirflow.streams.query import QueryError
 from hirflow.streams.routing import NodeRouter
@@ -106,6 +109,11 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
         async def get(self, request: Request, node: str) -> Response:
             return await answer(self, request, lambda: runtime.query.node(node), node)
 
+    @app.page("/v1/nodes/{node}/view")
+    class NodeView(View):
+        async def get(self, request: Request, node: str) -> Response:
+            return await answer(self, request, lambda: runtime.query.view(node, request.query), node)
+
     @app.page("/v1/retrieve")
     class Retrieve(View):
         async def get(self, request: Request) -> Response:
@@ -118,6 +126,20 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     class Search(View):
         async def get(self, request: Request) -> Response:
             return await answer(self, request, lambda: runtime.query.search(request.query))
+
+    @app.page(peer_reads.PATH)
+    class Records(View):
+        async def post(self, request: Request) -> Response:
+            if not authorised(request):
+                return self.json({"error": "missing or wrong bearer token (worker.api_token)"},
+                                 status=401, headers={"WWW-Authenticate": "Bearer"})
+            body = await request.read()
+            try:
+                out = await asyncio.get_running_loop().run_in_executor(
+                    pool, peer_reads.answer, runtime.store.reader, router.owner, wcfg.index, body)
+            except ValueError as exc:
+                return self.json({"error": str(exc)}, status=400)
+            return self.bytes(out, content_type="application/msgpack")
 
     @app.page("/v1/similar")
     class Similar(View):

@@ -319,15 +319,19 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
                                                                      tiny_checkpoints):
     """Two workers, each owning half the partitions, with `worker.peer_url` pointing at each
     other: either answers for every node (the owner's answer, passed on), a retrieval ranks
-    both workers' items, each reports its assignment, and a request that was forwarded
-    already is never forwarded again."""
+    both workers' items, each reports its assignment, a request that was forwarded
+    already is never forwarded again, and a node's view, sampled through the other worker's
+    nodes, equals the one a single store of every event gives."""
     from hirflow.streams.routing import FORWARDED, NodeRouter
     now = int(time.time() * 1000)
     users = [f"user:{i}" for i in range(12)]
+    evs = [Engagement(u, f"ad:{(i + k) % 12}", "click" if k == 0 else "impression", now - 1000 * k)
+           for i, u in enumerate(users) for k in (0, 1)]      # two users per ad: two-hop views
     p = clients.producer(cfg.kafka)
-    for i, u in enumerate(users):
+    for e in evs:
         p.produce(Topics(cfg.kafka.topic_prefix).engagements,
-                  json.dumps({"src": u, "dst": f"ad:{i}", "action": "click", "ts": now}).encode(), u.encode())
+                  json.dumps({"src": e.src, "dst": e.dst, "action": e.action, "ts": e.ts}).encode(),
+                  e.src.encode())
     assert p.flush(30) == 0
     router = NodeRouter(0, 2, cfg.kafka.partitions)
     assert {router.owner(u) for u in users} == {0, 1}              # both workers own some
@@ -368,9 +372,43 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
         assert sorted(p for s in status for p in s["partitions"]) == list(range(cfg.kafka.partitions))
         other = next(u for u in users if router.owner(u) == 1)
         assert ws[0].get(f"/v1/nodes/{other}", {FORWARDED: "1"})[0] == 404     # not bounced back
+        # views read the other worker's nodes from it: the same as one store of everything
+        cutoff = now + 1000
+        with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
+            apply_direct(store, evs, cfg.graph)
+            want = {n: direct_view(cfg, store, n, cutoff) for n in users + [f"ad:{i}" for i in range(12)]}
+        for w in ws:
+            for n, view in want.items():
+                status, body = w.get(f"/v1/nodes/{n}/view?cutoff={cutoff}&seed=0")
+                assert status == 200, body
+                assert_same_view(json.loads(body), view)
+            assert w.metrics().get('hirflow_peer_reads_total{result="read"}', 0) > 0   # refresh too
+        assert any(router.owner(x["node"]) != router.owner(n) for n, v in want.items() for x in v["nodes"][1:]
+                   if x["hop"] == 2)
     finally:
         for w in ws:
             assert w.stop() == 0
+
+
+def direct_view(cfg, store, node: str, cutoff: int) -> dict:
+    """`GET /v1/nodes/{node}/view?cutoff=...&seed=0` as a single store of every event gives it."""
+    from hirflow.state.views import STUDENT, ViewSampler
+    from hirflow.streams.query import QueryService
+    sample = lambda n, c, s: ViewSampler(store.reader, cfg.schema, STUDENT, seed=s).sample([n], c)[0]  # noqa: E731
+    service = QueryService(lambda: None, None, cfg.schema.all_node_types, dict, view_of=sample,
+                           actions=cfg.schema.all_actions)
+    return service.view(node, {"cutoff": str(cutoff), "seed": "0"})
+
+
+def assert_same_view(got: dict, want: dict) -> None:
+    assert [(x["node"], x["type"], x["hop"]) for x in got["nodes"]] == \
+        [(x["node"], x["type"], x["hop"]) for x in want["nodes"]]
+    for a, b in zip(got["nodes"], want["nodes"]):
+        assert a["stats"] == pytest.approx(b["stats"], rel=1e-5, abs=1e-5), a["node"]
+    assert [(e["src"], e["dst"], e["action"]) for e in got["edges"]] == \
+        [(e["src"], e["dst"], e["action"]) for e in want["edges"]]
+    assert [e["weight"] for e in got["edges"]] == pytest.approx([e["weight"] for e in want["edges"]],
+                                                                 rel=1e-5, abs=1e-5)
 
 
 def free_ports_ending_in_0_and_1() -> int:
