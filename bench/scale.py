@@ -9,9 +9,10 @@ then the workers started and sampled every 0.25 s through their /metrics pages. 
 = events applied from when every worker was applying until 90 % of the stream, over that time; refresh rate =
 dirty nodes re-encoded over the time from the first refresh until none are dirty. CPU: seconds of
 CPU (worker + its sampling child) per wall second in the ingest interval, per worker, and
-the broker's. Neighbour
-refreshes (paced by `refresh.neighbor_rate`) are not counted. A small
-checkpoint trained on the stream's first fifth is served, world knowledge off.
+the broker's. Neighbour refreshes (paced by `refresh.neighbor_rate`) are not counted. A
+small checkpoint trained on the stream's first fifth is served, world knowledge off. The
+workers route to each other (`worker.peer_url`): views read other workers' nodes from their
+owners, counted as peer reads.
 
 On a machine with fewer cores than processes the workers take CPU from each other: read
 the ratios with the CPU figures. The last line is one JSON object.
@@ -35,7 +36,7 @@ from hirflow.streams.config import HirflowConfig
 from hirflow.streams.replay import produce
 from hirflow.streams.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics, ensure_topics
-from hirflow.streams.worker_process import WorkerProcess
+from hirflow.streams.worker_process import WorkerProcess, peer_ports
 from hirflow.trainer.train import TrainConfig, train
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -64,8 +65,10 @@ def run(base: HirflowConfig, evs, count: int, checkpoint: Path, tmp: Path, broke
     ensure_topics(cfg.kafka, Topics(prefix))
     produce(cfg, evs, progress=False)
     workers = []
+    ports, peer_url = peer_ports(count)
     for i in range(count):
         env = {"HIRFLOW_WORKER__COUNT": str(count), "HIRFLOW_WORKER__INDEX": str(i),
+               "HIRFLOW_WORKER__WEB_PORT": str(ports[i]), "HIRFLOW_WORKER__PEER_URL": peer_url,
                "HIRFLOW_WORKER__CHANGELOG": "true", "HIRFLOW_GRAPH__PATH": str(tmp / f"{count}-{i}"),
                "HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": str(checkpoint),
                "HIRFLOW_REFRESH__CPU_THREADS": "1", "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.25",
@@ -74,6 +77,7 @@ def run(base: HirflowConfig, evs, count: int, checkpoint: Path, tmp: Path, broke
     t0 = time.monotonic()
     cpu: list[list[float]] = []         # per sample, each worker's CPU seconds so far
     samples = []                        # (t, applied, refreshed, dirty, workers applying)
+    peer = {"read": 0.0, "missing": 0.0}
     try:
         while True:
             ms = [w.metrics() for w in workers]
@@ -84,6 +88,8 @@ def run(base: HirflowConfig, evs, count: int, checkpoint: Path, tmp: Path, broke
             lag = sum(m.get("hirflow_consumer_lag", 1) for m in ms) if all(ms) else 1
             applying = sum(1 for m in ms if m.get("hirflow_events_applied_total", 0) > 0)
             samples.append((now, applied, refreshed, dirty, applying))
+            for result in peer:
+                peer[result] = sum(m.get(f'hirflow_peer_reads_total{{result="{result}"}}', 0) for m in ms)
             cpu.append([cpu_seconds(w.proc.pid) for w in workers] + [cpu_seconds(broker_pid)])
             if len(samples) % 50 == 0:
                 print(f"  {now:.0f} s: {applied:,.0f} applied, {refreshed:,.0f} re-encoded, "
@@ -93,10 +99,9 @@ def run(base: HirflowConfig, evs, count: int, checkpoint: Path, tmp: Path, broke
             done = applied >= len(evs) and dirty == 0 and lag == 0 and refreshed > 0
             if done and len(samples) > 1 and samples[-2][1:3] == samples[-1][1:3]:
                 break
-            time.sleep(0.1)
-            continue
             if now > 900:
                 raise RuntimeError(f"{count} workers did not finish: {samples[-1]}")
+            time.sleep(0.1)
         wall = time.monotonic() - t0
     finally:
         for w in workers:
@@ -119,7 +124,8 @@ def run(base: HirflowConfig, evs, count: int, checkpoint: Path, tmp: Path, broke
     refresh = samples[-1][2] / max(samples[-1][0] - first_refresh[0], 1e-9)
     return {"workers": count, "ingest_events_per_s": round(ingest), "refresh_nodes_per_s": round(refresh),
             "nodes_refreshed": int(samples[-1][2]), "wall_s": round(wall, 1),
-            "cores_per_worker": [round(c, 2) for c in cores], "broker_cores": round(broker_cores, 2)}
+            "cores_per_worker": [round(c, 2) for c in cores], "broker_cores": round(broker_cores, 2),
+            "peer_reads": int(peer["read"]), "peer_missing": int(peer["missing"])}
 
 
 def main() -> None:
@@ -145,7 +151,8 @@ def main() -> None:
             results.append(r)
             print(f"{count} worker(s): ingest {r['ingest_events_per_s']:,} events/s, refresh "
                   f"{r['refresh_nodes_per_s']:,} nodes/s ({r['nodes_refreshed']:,} re-encoded), "
-                  f"cores per worker {r['cores_per_worker']}, broker {r['broker_cores']}, {r['wall_s']} s",
+                  f"cores per worker {r['cores_per_worker']}, broker {r['broker_cores']}, "
+                  f"nodes read from peers {r['peer_reads']:,} ({r['peer_missing']:,} missing), {r['wall_s']} s",
                   flush=True)
     one = results[0]
     out = {"events": {"value": len(evs), "unit": "events"}, "cores_here": {"value": os.cpu_count(), "unit": "cores"}}
@@ -157,6 +164,9 @@ def main() -> None:
                                        "ratio_to_1_worker": round(r["refresh_nodes_per_s"] / one["refresh_nodes_per_s"], 2)}
         out[f"cores_used_{k}_workers"] = {"value": round(sum(r["cores_per_worker"]), 2), "unit": "cores",
                                           "broker": r["broker_cores"]}
+        out[f"peer_reads_{k}_workers"] = {"value": r["peer_reads"], "unit": "nodes",
+                                          "per_node_refreshed": round(r["peer_reads"] / max(r["nodes_refreshed"], 1), 2),
+                                          "missing": r["peer_missing"]}
     print(json.dumps(out))
 
 

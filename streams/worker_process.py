@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import re
@@ -43,13 +44,32 @@ def wait_http(url: str, timeout: float) -> bool:
     return False
 
 
+def peer_ports(count: int) -> tuple[list[int], str]:
+    """`count` (<= 10) free loopback ports 10k, 10k + 1, ... and the `worker.peer_url` in
+    which `{index}` names worker i's: for workers that route to each other on one machine."""
+    if not 1 <= count <= 10:
+        raise ValueError(f"1 to 10 workers, got {count}")
+    for base in range(20_000, 60_000, 10):
+        socks = [socket.socket() for _ in range(count)]
+        try:
+            for i, s in enumerate(socks):
+                s.bind(("127.0.0.1", base + i))
+            return [base + i for i in range(count)], f"http://127.0.0.1:{base // 10}" + "{index}"
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {count} free neighbouring ports")
+
+
 class WorkerProcess:
     """One worker process on `cfg`'s broker, topics and state directory, its API on a free
-    loopback port; its output goes to `log_path`."""
+    loopback port (or `HIRFLOW_WORKER__WEB_PORT` in `extra_env`); its output goes to `log_path`."""
 
     def __init__(self, cfg: HirflowConfig, log_path, extra_env: dict | None = None,
                  log_level: str = "INFO") -> None:
-        self.port = free_port()
+        self.port = int((extra_env or {}).get("HIRFLOW_WORKER__WEB_PORT") or free_port())
         self.env = {**os.environ,
                     "HIRFLOW_KAFKA__BOOTSTRAP": cfg.kafka.bootstrap,
                     "HIRFLOW_KAFKA__TOPIC_PREFIX": cfg.kafka.topic_prefix,

@@ -2,7 +2,6 @@
 health, readiness, metrics and the entity agent answer."""
 import json
 import random
-import socket
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from hirflow.streams import changes, clients
 from hirflow.streams.replay import produce
 from hirflow.streams.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics
-from hirflow.streams.worker_process import WorkerProcess
+from hirflow.streams.worker_process import WorkerProcess, peer_ports
 from tests.state.helpers import apply_direct, assert_same_state, digest
 from tests.streams.kafka_helpers import committed_total
 
@@ -335,19 +334,16 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
     assert p.flush(30) == 0
     router = NodeRouter(0, 2, cfg.kafka.partitions)
     assert {router.owner(u) for u in users} == {0, 1}              # both workers own some
-    port = free_ports_ending_in_0_and_1()            # so that "...:<prefix>{index}" names both
+    ports, peer_url = peer_ports(2)
 
     def env(i):
         return {"HIRFLOW_WORKER__COUNT": "2", "HIRFLOW_WORKER__INDEX": str(i),
-                "HIRFLOW_WORKER__WEB_PORT": str(port + i),
-                "HIRFLOW_WORKER__PEER_URL": f"http://127.0.0.1:{port // 10}" + "{index}",
+                "HIRFLOW_WORKER__WEB_PORT": str(ports[i]), "HIRFLOW_WORKER__PEER_URL": peer_url,
                 "HIRFLOW_GRAPH__PATH": str(tmp_path / f"w{i}"), "HIRFLOW_INGEST__GROUP_ID": f"ingest-w{i}",
                 "HIRFLOW_WORKER__APP_ID": f"hirflow-w{i}", "HIRFLOW_WORKER__KNOWLEDGE": "false",
                 # its 16 first-codebook cells are all probed: every ad is a candidate
                 "HIRFLOW_REFRESH__CHECKPOINT": str(tiny_checkpoints[1])}
     ws = [workers(env(i)) for i in range(2)]
-    for i, w in enumerate(ws):
-        w.port = port + i
     try:
         for i, w in enumerate(ws):
             mine = [u for u in users if router.owner(u) == i]
@@ -409,16 +405,3 @@ def assert_same_view(got: dict, want: dict) -> None:
         [(e["src"], e["dst"], e["action"]) for e in want["edges"]]
     assert [e["weight"] for e in got["edges"]] == pytest.approx([e["weight"] for e in want["edges"]],
                                                                  rel=1e-5, abs=1e-5)
-
-
-def free_ports_ending_in_0_and_1() -> int:
-    """A free loopback port p = 10k whose neighbour p + 1 is free too."""
-    for p in range(20_000, 60_000, 10):
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", p))
-                b.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no two free neighbouring ports")
