@@ -16,6 +16,7 @@ from hirflow.streams.topics import Topics
 from hirflow.streams.worker_process import WorkerProcess, peer_ports
 from tests.state.helpers import apply_direct, assert_same_state, digest
 from tests.streams.kafka_helpers import committed_total
+from tests.streams.view_helpers import assert_same_view, direct_view
 
 
 @pytest.fixture
@@ -384,24 +385,3 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
     finally:
         for w in ws:
             assert w.stop() == 0
-
-
-def direct_view(cfg, store, node: str, cutoff: int) -> dict:
-    """`GET /v1/nodes/{node}/view?cutoff=...&seed=0` as a single store of every event gives it."""
-    from hirflow.state.views import STUDENT, ViewSampler
-    from hirflow.streams.query import QueryService
-    sample = lambda n, c, s: ViewSampler(store.reader, cfg.schema, STUDENT, seed=s).sample([n], c)[0]  # noqa: E731
-    service = QueryService(lambda: None, None, cfg.schema.all_node_types, dict, view_of=sample,
-                           actions=cfg.schema.all_actions)
-    return service.view(node, {"cutoff": str(cutoff), "seed": "0"})
-
-
-def assert_same_view(got: dict, want: dict) -> None:
-    assert [(x["node"], x["type"], x["hop"]) for x in got["nodes"]] == \
-        [(x["node"], x["type"], x["hop"]) for x in want["nodes"]]
-    for a, b in zip(got["nodes"], want["nodes"]):
-        assert a["stats"] == pytest.approx(b["stats"], rel=1e-5, abs=1e-5), a["node"]
-    assert [(e["src"], e["dst"], e["action"]) for e in got["edges"]] == \
-        [(e["src"], e["dst"], e["action"]) for e in want["edges"]]
-    assert [e["weight"] for e in got["edges"]] == pytest.approx([e["weight"] for e in want["edges"]],
-                                                                 rel=1e-5, abs=1e-5)
