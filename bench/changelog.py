@@ -6,7 +6,10 @@
 - restore: node records per second a new owner replays from the log (claim, read, apply,
   mark for re-encoding), and the seconds per million node records that gives.
 
-    python bench/changelog.py [--quick] [--events N] [--repeat N]
+    python bench/changelog.py [--quick] [--events N] [--repeat N] [--partitions P]
+                              [--events-per-user K]
+
+A partition of a million nodes: `--partitions 1 --events 4000000 --events-per-user 4`.
 
 Runs on the embedded broker (tansu) on loopback; the last line is one JSON object.
 """
@@ -38,11 +41,12 @@ from hirflow.streams.runtime import tune_gc  # noqa: E402
 from hirflow.streams.topics import Topics, ensure_topics  # noqa: E402
 
 
-def produce_uniform(cfg: HirflowConfig, n: int, seed: int = 1) -> int:
-    """n engagements of users uniform over n/10 ids on ads uniform over n/100: many nodes
-    with a few edges each, as most of a real graph is. Returns the events' distinct nodes."""
+def produce_uniform(cfg: HirflowConfig, n: int, seed: int = 1, per_user: int = 10) -> int:
+    """n engagements of users uniform over n/per_user ids on ads uniform over n/100: many
+    nodes with a few edges each, as most of a real graph is. Returns the events' distinct
+    nodes."""
     rng = np.random.default_rng(seed)
-    users = rng.integers(0, max(1, n // 10), n)
+    users = rng.integers(0, max(1, n // per_user), n)
     ads = rng.integers(0, max(1, n // 100), n)
     acts = rng.choice(["impression", "click", "conversion"], n, p=[0.9, 0.08, 0.02])
     p = clients.producer(cfg.kafka, **{"linger.ms": 20, "batch.size": 1_000_000})
@@ -90,17 +94,19 @@ def main() -> None:
     ap.add_argument("--events", type=int)
     ap.add_argument("--repeat", type=int)
     ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--events-per-user", type=int, default=10,
+                    help="users are drawn from events / this many ids (fewer: more nodes)")
     a = ap.parse_args()
     n = a.events or (60_000 if a.quick else 400_000)
     repeat = a.repeat or (1 if a.quick else 3)
     tmp = Path(tempfile.mkdtemp(prefix="hirflow-bench-changelog-"))
-    plain, logged, snap, restore = [], [], [], []
+    plain, logged, snap, restore, restore_s = [], [], [], [], []
     try:
         with EmbeddedBroker() as broker:
             base = build(HirflowConfig, {"kafka": {"bootstrap": broker.bootstrap, "partitions": a.partitions,
                                                    "topic_prefix": "bench."}})
             ensure_topics(base.kafka, Topics("bench."))
-            print(f"produced {n} events over {produce_uniform(base, n):,} nodes", flush=True)
+            print(f"produced {n} events over {produce_uniform(base, n, per_user=a.events_per_user):,} nodes", flush=True)
             parts = list(range(a.partitions))
             for r in range(repeat):
                 # each logged run gets its own change-log topic (a fresh log, not a takeover)
@@ -122,7 +128,8 @@ def main() -> None:
                     w = changelog.ChangelogWriter(base.kafka, store, Topics(prefix).changelog, "new")
                     t = time.perf_counter()
                     done = changelog.settle(base.kafka, store, w, parts, a.partitions)
-                    restore.append(nodes / (time.perf_counter() - t))
+                    restore_s.append(time.perf_counter() - t)
+                    restore.append(nodes / restore_s[-1])
                     w.close()
                     assert store.reader.count() == nodes and len(done.restored) == a.partitions
                 print(f"run {r + 1}: ingest {plain[-1]:,.0f}/s plain, {logged[-1]:,.0f}/s with the log; "
@@ -139,6 +146,8 @@ def main() -> None:
         "snapshot": {"value": round(sm), "unit": "node records/s"},
         "restore": {"value": round(rm), "unit": "node records/s"},
         "restore_per_million_nodes": {"value": round(1e6 / rm, 1), "unit": "s"},
+        "restore_time": {"value": round(statistics.median(restore_s), 1), "unit": "s",
+                         "nodes": nodes, "partitions": a.partitions},
         "runs": repeat,
     }))
 
