@@ -60,7 +60,10 @@ def document(version: str) -> dict:
                                         _q("tokens", "the user's BoM tokens, comma-separated", True),
                                         _q("model", "the model the query comes from", True),
                                         _K, _TYPES, _PROBES]),
-            "/v1/similar": _op("Nodes nearest a node", [_q("node", "node id", True), _K, _TYPES, _PROBES]),
+            "/v1/similar": _op("Nodes nearest a node (of `types`, default all); with several "
+                               "workers and worker.peer_url, every worker's nodes, merged by "
+                               "score (`workers`: asked, answered)",
+                               [_q("node", "node id", True), _K, _TYPES, _PROBES]),
             "/v1/primitives/{level}/{prim}": _op(
                 "Members of a primitive (closest to its prototype first) and related primitives "
                 "by super-graph weight",

@@ -162,13 +162,22 @@ class QueryService:
                                                    v.edge_action.tolist(), v.edge_weight, v.edge_age)]}
 
     def similar(self, params) -> dict:
+        """Nodes nearest a node (of `types`, default all). Like `retrieve`, the answer carries
+        the node's `query`, with which the other workers search their own nodes."""
         node = self._node(params)
         k = _int(params, "k", 20, 1, MAX_K)
         probes = _int(params, "probes", DEFAULT_PROBES, 0, MAX_PROBES)
-        hits = self.serving().memory.similar(node, k, self._types(params), probes=probes)
-        if hits is None:
+        types = self._types(params) or sorted(self.types)
+        mem = self.serving().memory
+        got = mem.get(node)                  # one consistent row (a compaction reorders rows)
+        if got is None:
             raise QueryError(404, f"{node} is not in the index")
-        return {"node": node, "results": [{"node": n, "score": round(s, 6)} for n, s in hits]}
+        q = np.asarray(got["embedding"], np.float32)
+        hits = mem.search(q, got["tokens"], k, types, exclude=[node], probes=probes)
+        return {"node": node, "model": mem.model, "types": types,
+                "results": [{"node": n, "score": round(s, 6)} for n, s in hits],
+                "query": {"embedding": base64.b64encode(q.tobytes()).decode(), "tokens": got["tokens"],
+                          "k": k}}
 
     def primitive(self, level: str, prim: str, params) -> dict:
         snap = self.serving()

@@ -51,18 +51,19 @@ class NodeRouter:
         return [j for j in range(self.count) if j != self.index] if self.peer_url else []
 
     async def merged(self, local: dict, params, authorization: str | None) -> dict:
-        """`local` (this worker's `retrieve` answer, with the user's `query`) with every other
-        worker's best items for the same query, best score first, `k` in all. A worker that
-        does not answer, or serves another model (a hot swap in progress), is left out and
-        counted in `workers`."""
+        """`local` (this worker's `retrieve` or `similar` answer, with its `query` and
+        `types`) with every other worker's best nodes of those types for the same query,
+        best score first, `k` in all. A worker that does not answer, or serves another
+        model (a hot swap in progress), is left out and counted in `workers`."""
         query = local.pop("query")
         others = self.others()
         if not others:
             return local
         k = query["k"]
         ask = {"q": query["embedding"], "tokens": ",".join(map(str, query["tokens"])),
-               "model": local["model"], "k": str(k)}
-        ask.update({name: params[name] for name in ("types", "probes") if params.get(name)})
+               "model": local["model"], "k": str(k), "types": ",".join(local["types"])}
+        if params.get("probes"):
+            ask["probes"] = params["probes"]
         path = "/v1/internal/search?" + urlencode(ask)
         answers = await asyncio.gather(*(self.forward(j, path, authorization) for j in others))
         results, answered = list(local["results"]), 0

@@ -145,7 +145,9 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     class Similar(View):
         async def get(self, request: Request) -> Response:
             return await answer(self, request, lambda: runtime.query.similar(request.query),
-                                request.query.get("node"))
+                                request.query.get("node"),
+                                lambda local: router.merged(local, request.query,
+                                                            request.headers.get("Authorization")))
 
     @app.page("/v1/primitives/{level}/{prim}")
     class Primitive(View):

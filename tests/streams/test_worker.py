@@ -362,6 +362,11 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
             assert len(ads) == len(set(ads)) == 12 and {router.owner(a) for a in ads} == {0, 1}
             assert [r["score"] for r in got["results"]] == sorted((r["score"] for r in got["results"]), reverse=True)
             assert "query" not in got
+            # so does `similar`: the other 11 users, from both workers
+            status, body = w.get(f"/v1/similar?node={users[0]}&k=20&types=user")
+            got = json.loads(body)
+            assert status == 200 and got["workers"] == {"asked": 2, "answered": 2}
+            assert sorted(r["node"] for r in got["results"]) == sorted(users[1:])
         model = json.loads(ws[0].get("/v1/status")[1])["model"]
         assert ws[0].get(f"/v1/internal/search?q=AAAA&tokens=1&model={model}x")[0] == 409
         status = [json.loads(w.get("/v1/status")[1])["assignment"] for w in ws]
