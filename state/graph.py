@@ -134,10 +134,19 @@ def _id_of(record: bytes) -> str:
 
 
 
+# RocksDB keeps a write-ahead log file until every column family with writes in it has
+# flushed them; a family written a little at every commit (meta: offsets) holds old files
+# back. By default the logs may reach 4x all memtables before RocksDB flushes the families
+# that hold them (about 5.5 GB with this store's families, measured on a million-node
+# partition); past this bound it flushes them sooner.
+MAX_WAL_BYTES = 512 << 20
+
+
 def _options(create: bool) -> Options:
     opt = Options(raw_mode=True)
     opt.create_if_missing(create)
     opt.create_missing_column_families(create)
+    opt.set_max_total_wal_size(MAX_WAL_BYTES)
     return opt
 
 
