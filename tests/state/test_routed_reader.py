@@ -1,6 +1,9 @@
 """Views sampled on one of two workers, reading the other's nodes from it, equal the views a
 single store holding every partition gives; an owner that does not answer costs one batch
 its nodes, not the worker; and another worker's changes show once their reads expire."""
+from contextlib import contextmanager
+from typing import Iterator
+
 import msgpack
 import numpy as np
 import pytest
@@ -50,21 +53,26 @@ class Clock:
         return self.t
 
 
-def split_stores(root, events, knowledge) -> tuple[GraphStore, list[GraphStore]]:
+@contextmanager
+def split_stores(root, events, knowledge) -> Iterator[tuple[GraphStore, list[GraphStore]]]:
     """One store with every partition, and each worker's store with only its own."""
     full = GraphStore(root / "full", SchemaConfig(), PARTITIONS)
-    apply_direct(full, events, GraphConfig(path=str(root / "full")))
-    full.commit(knowledge=knowledge)
-    workers = []
-    for w in range(WORKERS):
-        s = GraphStore(root / f"w{w}", SchemaConfig(), PARTITIONS)
-        apply_direct(s, events, GraphConfig(path=str(root / f"w{w}")))
-        s.commit(knowledge=knowledge)
-        for p in range(PARTITIONS):
-            if p % WORKERS != w:
-                partition_state.drop(s, p)
-        workers.append(s)
-    return full, workers
+    stores = [full]
+    try:
+        apply_direct(full, events, GraphConfig(path=str(root / "full")))
+        full.commit(knowledge=knowledge)
+        for w in range(WORKERS):
+            s = GraphStore(root / f"w{w}", SchemaConfig(), PARTITIONS)
+            stores.append(s)
+            apply_direct(s, events, GraphConfig(path=str(root / f"w{w}")))
+            s.commit(knowledge=knowledge)
+            for p in range(PARTITIONS):
+                if p % WORKERS != w:
+                    partition_state.drop(s, p)
+        yield full, stores[1:]
+    finally:
+        for s in stores:
+            s.close()
 
 
 def knowledge_of(events, rng) -> dict[str, np.ndarray]:
@@ -78,8 +86,7 @@ def test_views_through_the_owners_equal_a_single_stores(tmp_path_factory, seed, 
     rng = np.random.default_rng(seed)
     events = random_events(rng, 25, 15, 400, same_time=False)
     root = tmp_path_factory.mktemp("routed")
-    full, workers = split_stores(root, events, knowledge_of(events, rng))
-    try:
+    with split_stores(root, events, knowledge_of(events, rng)) as (full, workers):
         cutoff = T0 + day * DAY
         for w in range(WORKERS):
             mine = sorted({n for e in events for n in (e.src, e.dst) if owner(n) == w})
@@ -97,16 +104,12 @@ def test_views_through_the_owners_equal_a_single_stores(tmp_path_factory, seed, 
             if foreign and config.hops >= 2:
                 assert any(a.nodes != b.nodes or a.stats.tolist() != b.stats.tolist()
                            for a, b in zip(alone, want))
-    finally:
-        for s in (full, *workers):
-            s.close()
 
 
 def test_an_owner_that_does_not_answer_costs_one_batch_and_is_asked_again(tmp_path):
     rng = np.random.default_rng(3)
     events = random_events(rng, 25, 15, 600, same_time=False)
-    full, workers = split_stores(tmp_path, events, {})
-    try:
+    with split_stores(tmp_path, events, {}) as (full, workers):
         peers = StorePeers(0, workers)
         views = LocalViews(workers[0], SchemaConfig(), STUDENT, 7, peers=peers)
         clock = views.routed.clock = Clock()
@@ -130,16 +133,12 @@ def test_an_owner_that_does_not_answer_costs_one_batch_and_is_asked_again(tmp_pa
         for _ in range(2):
             reference.sample(mine, cutoff)
         assert_same(got.views, reference.sample(mine, cutoff))
-    finally:
-        for s in (full, *workers):
-            s.close()
 
 
 def test_another_workers_change_shows_once_its_read_expires(tmp_path):
     rng = np.random.default_rng(5)
     events = random_events(rng, 20, 10, 300, same_time=False)
-    full, workers = split_stores(tmp_path, events, {})
-    try:
+    with split_stores(tmp_path, events, {}) as (full, workers):
         config = STUDENT
         peers = StorePeers(0, workers)
         views = LocalViews(workers[0], SchemaConfig(), config, 1, peers=peers)
@@ -174,16 +173,12 @@ def test_another_workers_change_shows_once_its_read_expires(tmp_path):
         want = ViewSampler(full.reader, SchemaConfig(), config, seed=1).sample([user], cutoff)[0]
         assert fresh.stats[fresh.nodes.index(ad)].tolist() == want.stats[want.nodes.index(ad)].tolist()
         assert fresh.stats[fresh.nodes.index(ad)].tolist() != ad_row.tolist()   # its new edge
-    finally:
-        for s in (full, *workers):
-            s.close()
 
 
 def test_the_owner_answers_only_for_its_own_nodes_and_refuses_bad_bodies(tmp_path):
     rng = np.random.default_rng(2)
     events = random_events(rng, 10, 5, 100, same_time=False)
-    full, workers = split_stores(tmp_path, events, {})
-    try:
+    with split_stores(tmp_path, events, {}) as (full, workers):
         nodes = sorted({n for e in events for n in (e.src, e.dst)}) + ["user:nobody"]
         got = msgpack.unpackb(peer_reads.answer(full.reader, owner, 1, msgpack.packb(nodes)))
         for n, (record, vector) in zip(nodes, got):
@@ -193,6 +188,3 @@ def test_the_owner_answers_only_for_its_own_nodes_and_refuses_bad_bodies(tmp_pat
                     msgpack.packb(["x"] * (peer_reads.MAX_IDS + 1))):
             with pytest.raises(ValueError):
                 peer_reads.answer(full.reader, owner, 1, bad)
-    finally:
-        for s in (full, *workers):
-            s.close()
