@@ -268,15 +268,6 @@ class MemoryIndex:
             best = best[np.argsort(-scores[best], kind="stable")]
             return [(self.ids[rows[i]], float(scores[i])) for i in best]
 
-    def similar(self, node: str, k: int = 20, types: Iterable[str] | None = None,
-                probes: int = 0) -> list[tuple[str, float]] | None:
-        with self.lock:
-            r = self.rows.get(node)
-            if r is None:
-                return None
-            q, toks = self.emb[r].copy(), self.tokens[r].tolist()
-        return self.search(q, toks, k, types, exclude=[node], probes=probes)
-
     def members(self, level: int, prim: int, k: int = 50,
                 types: Iterable[str] | None = None) -> list[tuple[str, float]]:
         """Nodes assigned to a primitive, closest to its prototype first."""

@@ -13,7 +13,6 @@ decodes it exactly as it decodes its own store's.
 from __future__ import annotations
 
 import http.client
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ from hirflow.state.routed_reader import PeerUnavailable, Raw
 from hirflow.streams.routing import FORWARDED
 
 PATH = "/v1/internal/records"
-MAX_IDS = 10_000            # most ids one request may ask for (413 beyond)
+MAX_IDS = 10_000            # most ids one request may ask for (400 beyond)
 
 
 @dataclass(frozen=True)

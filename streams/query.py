@@ -44,6 +44,11 @@ def _int(params: Mapping[str, str], name: str, default: int | None, lo: int, hi:
     return v
 
 
+def _query(embedding: np.ndarray, tokens, k: int) -> dict:
+    """What the other workers search their own nodes with (`search`'s parameters)."""
+    return {"embedding": base64.b64encode(embedding.tobytes()).decode(), "tokens": tokens, "k": k}
+
+
 class QueryService:
     """Read-only: `serving` returns the current snapshot, `status` the worker's status."""
 
@@ -117,8 +122,7 @@ class QueryService:
         return {"user": user, "model": mem.model, "types": types,
                 "took_ms": round((time.perf_counter() - t0) * 1000, 3),
                 "results": [{"node": n, "score": round(s, 6)} for n, s in hits],
-                "query": {"embedding": base64.b64encode(q.tobytes()).decode(), "tokens": got["tokens"],
-                          "k": k}}
+                "query": _query(q, got["tokens"], k)}
 
     def search(self, params) -> dict:
         """This worker's items for another worker's query (`retrieve`'s `query`): `q` the
@@ -176,8 +180,7 @@ class QueryService:
         hits = mem.search(q, got["tokens"], k, types, exclude=[node], probes=probes)
         return {"node": node, "model": mem.model, "types": types,
                 "results": [{"node": n, "score": round(s, 6)} for n, s in hits],
-                "query": {"embedding": base64.b64encode(q.tobytes()).decode(), "tokens": got["tokens"],
-                          "k": k}}
+                "query": _query(q, got["tokens"], k)}
 
     def primitive(self, level: str, prim: str, params) -> dict:
         snap = self.serving()

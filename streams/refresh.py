@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from hirflow.encoder.serving import ServingModel, default_device, set_cpu_threads
 from hirflow.state.graph import GraphStore
 from hirflow.state.index import ACTIVE_KEY, TokenIndex
+from hirflow.state.routed_reader import RoutedReader
 from hirflow.state.supergraph import SuperGraph
 from hirflow.state.view_pool import ViewPool
 from hirflow.state.view_source import LocalViews, Sampled
-from hirflow.state.routed_reader import RoutedReader
 from hirflow.state.views import STUDENT, View, ViewSampler
 from hirflow.state.writer import GraphWriter
 from hirflow.streams import clients

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import faust
 from faust.web import Request, Response, View
 
-from hirflow.streams.metrics import exposition
 from hirflow.streams import peer_reads
+from hirflow.streams.metrics import exposition
 from hirflow.streams.openapi import document
 from hirflow.streams.query import QueryError
 from hirflow.streams.routing import NodeRouter
