@@ -57,6 +57,10 @@ VIEW_WAIT_SECONDS = Histogram("hirflow_view_wait_seconds",
 PEER_READS = Counter("hirflow_peer_reads_total",
                      "Nodes of other workers that view sampling asked their owners for: "
                      "read, or missing (the owner did not answer)", ["result"], registry=REGISTRY)
+NEIGHBOR_REQUESTS = Counter("hirflow_neighbor_requests_total",
+                            "Neighbour refresh requests for other workers' nodes: sent to their "
+                            "owners, dropped (owner unreachable or far behind), received here",
+                            ["direction"], registry=REGISTRY)
 NODES_REFRESHED = Counter("hirflow_nodes_refreshed_total", "Nodes re-encoded", ["reason"],
                           registry=REGISTRY)
 TOKEN_CHANGES = Counter("hirflow_token_changes_total", "Token changes acknowledged by Kafka",

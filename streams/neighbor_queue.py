@@ -5,8 +5,9 @@ neighbours are queued (`neighbors_per_node` each) and refreshed later within a r
 (`neighbor_rate` per second): the refresh of nodes dirtied by events comes first. Each
 request carries the event time of the change that caused it, so its token change measures
 freshness from that event. The queue is bounded: past `MAX_WAITING` the oldest requests go.
-With several workers only this worker's own neighbours are queued (`owns`): another
-worker's node is refreshed by its owner, when its own events or neighbours change it.
+With several workers only this worker's own neighbours are queued (`owns`); requests for
+another worker's nodes are set aside (`foreign`, bounded the same way) for
+`streams.neighbor_forward` to send to their owners, whose queues take them with `add`.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class NeighborQueue:
         self.owns = owns                       # None: every node is this worker's
         self.budget = RateBudget(rate)
         self._waiting: OrderedDict[str, int] = OrderedDict()   # node -> causing event time
+        self.foreign: OrderedDict[str, int] = OrderedDict()    # other workers' nodes, to send
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -49,11 +51,27 @@ class NeighborQueue:
         for i in moved:
             n = edges.nodes[i]
             for nbr in edges.heaviest(i, self.per_node):
-                if nbr not in self._waiting and nbr not in event_ts and nbr not in skip \
-                        and (self.owns is None or self.owns(nbr)):
+                if self.owns is not None and not self.owns(nbr):
+                    self.foreign.setdefault(nbr, event_ts[n])
+                elif nbr not in self._waiting and nbr not in event_ts and nbr not in skip:
                     self._waiting[nbr] = event_ts[n]
-        while len(self._waiting) > MAX_WAITING:
-            self._waiting.popitem(last=False)
+        self._bound()
+
+    def add(self, requests: Iterable[tuple[str, int]]) -> None:
+        """Requests another worker sent for this worker's nodes: (node, causing event time)."""
+        for node, ts in requests:
+            self._waiting.setdefault(node, ts)
+        self._bound()
+
+    def take_foreign(self) -> dict[str, int]:
+        """The requests set aside for other workers' nodes, handed over once."""
+        out, self.foreign = self.foreign, OrderedDict()
+        return out
+
+    def _bound(self) -> None:
+        for queue in (self._waiting, self.foreign):
+            while len(queue) > MAX_WAITING:
+                queue.popitem(last=False)
         NEIGHBOR_BACKLOG.set(len(self._waiting))
 
     def served(self, nodes: Iterable[str]) -> None:

@@ -51,6 +51,7 @@ from hirflow.streams.hot_swap_build import HotSwapBuild
 from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_GENERATION, INDEX_NODES, MODEL_INFO,
                                      NODES_REFRESHED, PEER_READS, REFRESH_BATCH, REFRESH_SECONDS,
                                      SWAP_PROGRESS, VIEW_SAMPLE_SECONDS, VIEW_WAIT_SECONDS)
+from hirflow.streams.neighbor_forward import NeighborForwarder, NeighborInbox
 from hirflow.streams.neighbor_queue import NeighborQueue
 from hirflow.streams.peer_reads import PeerRecords
 from hirflow.streams.routing import NodeRouter
@@ -91,11 +92,14 @@ class RefreshLoop:
                                   topics.token_changes)
         w = cfg.worker
         router = NodeRouter(w.index, w.count, cfg.kafka.partitions)
-        self.neighbors = NeighborQueue(self.rcfg.neighbors_per_node, self.rcfg.neighbor_rate,
-                                       None if w.count == 1 else lambda n: router.owner(n) == w.index)
+        self.owns = None if w.count == 1 else (lambda n: router.owner(n) == w.index)
+        self.neighbors = NeighborQueue(self.rcfg.neighbors_per_node, self.rcfg.neighbor_rate, self.owns)
         self.generations = GenerationWriter(self.index, self.supergraph)
-        # with several workers, views read other workers' nodes from their owners
+        # with several workers, views read other workers' nodes from their owners, and
+        # neighbour refreshes of their nodes are asked of them
         self.peers = PeerRecords.of(cfg)
+        self.inbox = NeighborInbox()
+        self.forward = NeighborForwarder(self.peers) if self.peers is not None else None
         routed = {"peers": self.peers, "peer_ttl_s": cfg.worker.peer_cache_s}
         if self.rcfg.sample_process:
             processes = self.rcfg.sample_processes or default_sample_processes()
@@ -185,6 +189,8 @@ class RefreshLoop:
         if self._thread is not None:
             self._thread.join(timeout)
         self._give_back_ahead()
+        if self.forward is not None:
+            self.forward.close()
         try:
             self.outbox.confirm()
         except RuntimeError as exc:
@@ -226,6 +232,7 @@ class RefreshLoop:
         """Claim dirty nodes (+ budgeted neighbours) and submit them for sampling; `wait`:
         when there is no work at all, wait up to `batch_wait_ms` for the next ingest commit."""
         dirty = self.writer.dirty
+        self.neighbors.add(self.inbox.drain())
         claimed = dirty.claim(self.rcfg.batch_max)
         if wait and not claimed and not len(self.neighbors) and not self.swap.busy:
             dirty.wait_for_commit(self.rcfg.batch_wait_ms / 1000)
@@ -278,6 +285,9 @@ class RefreshLoop:
         moved = [i for i, (_, rec, change) in enumerate(out) if change is not None and rec is not None]
         self.neighbors.queue(moved, sampled.edges, nodes,
                              self._ahead.nodes if self._ahead is not None else {})
+        foreign = self.neighbors.take_foreign()
+        if self.forward is not None:
+            self.forward.send(foreign)
         self.outbox.send([c for _, _, c in out if c is not None])
         self.refreshed += len(ids)
         NODES_REFRESHED.labels("dirty").inc(len(claimed))

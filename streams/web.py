@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import faust
 from faust.web import Request, Response, View
 
-from hirflow.streams import peer_reads
+from hirflow.streams import neighbor_forward, peer_reads
 from hirflow.streams.metrics import exposition
 from hirflow.streams.openapi import document
 from hirflow.streams.query import QueryError
@@ -140,6 +140,22 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
             except ValueError as exc:
                 return self.json({"error": str(exc)}, status=400)
             return self.bytes(out, content_type="application/msgpack")
+
+    @app.page(neighbor_forward.PATH)
+    class Neighbors(View):
+        async def post(self, request: Request) -> Response:
+            if not authorised(request):
+                return self.json({"error": "missing or wrong bearer token (worker.api_token)"},
+                                 status=401, headers={"WWW-Authenticate": "Bearer"})
+            if runtime.refresh is None:
+                return self.json({"error": "refresh is disabled on this worker (refresh.enabled)"},
+                                 status=503)
+            refresh = runtime.refresh
+            try:
+                kept = refresh.inbox.accept(await request.read(), refresh.owns or (lambda n: True))
+            except ValueError as exc:
+                return self.json({"error": str(exc)}, status=400)
+            return self.json({"accepted": kept})
 
     @app.page("/v1/similar")
     class Similar(View):

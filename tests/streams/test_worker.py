@@ -320,8 +320,9 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
     """Two workers, each owning half the partitions, with `worker.peer_url` pointing at each
     other: either answers for every node (the owner's answer, passed on), a retrieval ranks
     both workers' items, each reports its assignment, a request that was forwarded
-    already is never forwarded again, and a node's view, sampled through the other worker's
-    nodes, equals the one a single store of every event gives."""
+    already is never forwarded again, a node's view, sampled through the other worker's
+    nodes, equals the one a single store of every event gives, and neighbour refreshes of
+    the other worker's nodes go to it."""
     from hirflow.streams.routing import FORWARDED, NodeRouter
     now = int(time.time() * 1000)
     users = [f"user:{i}" for i in range(12)]
@@ -384,7 +385,11 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
                 status, body = w.get(f"/v1/nodes/{n}/view?cutoff={cutoff}&seed=0")
                 assert status == 200, body
                 assert_same_view(json.loads(body), view)
-            assert w.metrics().get('hirflow_peer_reads_total{result="read"}', 0) > 0   # refresh too
+            m = w.metrics()
+            assert m.get('hirflow_peer_reads_total{result="read"}', 0) > 0   # refresh too
+            # neighbour refreshes of the other worker's nodes were asked of it, and it took them
+            assert m.get('hirflow_neighbor_requests_total{direction="sent"}', 0) > 0
+            assert m.get('hirflow_neighbor_requests_total{direction="received"}', 0) > 0
         assert any(router.owner(x["node"]) != router.owner(n) for n, v in want.items() for x in v["nodes"][1:]
                    if x["hop"] == 2)
     finally:
