@@ -11,19 +11,17 @@ that cannot be delivered (the owner restarting) is dropped and counted, never re
 """
 from __future__ import annotations
 
-import http.client
 import logging
 import queue
 import threading
-import urllib.request
 from collections import deque
 from typing import Mapping
 
 import msgpack
 
+from hirflow.state.routed_reader import PeerUnavailable
 from hirflow.streams.metrics import NEIGHBOR_REQUESTS
 from hirflow.streams.peer_reads import PeerRecords
-from hirflow.streams.routing import FORWARDED
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +62,10 @@ class NeighborForwarder:
                     self._post(owner, rows[lo:lo + MAX_REQUESTS])
 
     def _post(self, owner: int, rows: list[list]) -> None:
-        p = self.peers
-        url = p.peer_url.format(index=owner).rstrip("/") + PATH
-        headers = {"Content-Type": "application/msgpack", FORWARDED: str(p.index)}
-        if p.token:
-            headers["Authorization"] = f"Bearer {p.token}"
-        request = urllib.request.Request(url, data=msgpack.packb(rows), headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=p.timeout_s) as r:
-                r.read()
+            self.peers.post(owner, PATH, rows)
             NEIGHBOR_REQUESTS.labels("sent").inc(len(rows))
-        except (OSError, http.client.HTTPException) as exc:
+        except PeerUnavailable as exc:
             NEIGHBOR_REQUESTS.labels("dropped").inc(len(rows))
             log.warning("worker %d did not take %d neighbour refresh requests (%s); dropped",
                         owner, len(rows), exc)

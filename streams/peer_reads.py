@@ -47,21 +47,26 @@ class PeerRecords:
     def owner(self, node: str) -> int:
         return partition_of(node, self.partitions) % self.count
 
-    def fetch(self, owner: int, ids: list[str]) -> list[Raw]:
-        url = self.peer_url.format(index=owner).rstrip("/") + PATH
+    def post(self, owner: int, path: str, payload) -> bytes:
+        """POST `payload` as msgpack to worker `owner`'s `path` -> the answer's body;
+        `PeerUnavailable` when it does not answer 2xx in `timeout_s`."""
+        url = self.peer_url.format(index=owner).rstrip("/") + path
         headers = {"Content-Type": "application/msgpack", FORWARDED: str(self.index)}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(url, data=msgpack.packb(ids), headers=headers, method="POST")
+        request = urllib.request.Request(url, data=msgpack.packb(payload), headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as r:
-                body = r.read()
+                return r.read()
         except (OSError, http.client.HTTPException) as exc:   # URLError, HTTPError, timeouts
             raise PeerUnavailable(f"{url}: {exc}") from None
+
+    def fetch(self, owner: int, ids: list[str]) -> list[Raw]:
+        body = self.post(owner, PATH, ids)
         try:
             return [(pair[0], pair[1]) for pair in msgpack.unpackb(body)]
         except (ValueError, TypeError, IndexError, KeyError) as exc:
-            raise PeerUnavailable(f"{url}: not a list of [record, knowledge] ({exc})") from None
+            raise PeerUnavailable(f"worker {owner}: not a list of [record, knowledge] ({exc})") from None
 
 
 def answer(reader, owner, index: int, body: bytes) -> bytes:

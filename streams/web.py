@@ -41,6 +41,10 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
         given = request.headers.get("Authorization", "")
         return given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token)
 
+    def refused(view: View) -> Response:
+        return view.json({"error": "missing or wrong bearer token (worker.api_token)"},
+                         status=401, headers={"WWW-Authenticate": "Bearer"})
+
     async def answer(view: View, request: Request, fn, node: str | None = None,
                      then=None) -> Response:
         """Run a query in the pool; QueryError -> its 4xx, anything unexpected -> 500 with a
@@ -48,8 +52,7 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
         `then` (async) completes a local answer (a retrieval merges the other workers')."""
         nonlocal admitted
         if not authorised(request):
-            return view.json({"error": "missing or wrong bearer token (worker.api_token)"},
-                             status=401, headers={"WWW-Authenticate": "Bearer"})
+            return refused(view)
         owner = router.remote(node, request.headers)
         if owner is not None:
             status, body = await router.forward(owner, request.path_qs,
@@ -131,8 +134,7 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     class Records(View):
         async def post(self, request: Request) -> Response:
             if not authorised(request):
-                return self.json({"error": "missing or wrong bearer token (worker.api_token)"},
-                                 status=401, headers={"WWW-Authenticate": "Bearer"})
+                return refused(self)
             body = await request.read()
             try:
                 out = await asyncio.get_running_loop().run_in_executor(
@@ -145,8 +147,7 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     class Neighbors(View):
         async def post(self, request: Request) -> Response:
             if not authorised(request):
-                return self.json({"error": "missing or wrong bearer token (worker.api_token)"},
-                                 status=401, headers={"WWW-Authenticate": "Bearer"})
+                return refused(self)
             if runtime.refresh is None:
                 return self.json({"error": "refresh is disabled on this worker (refresh.enabled)"},
                                  status=503)
