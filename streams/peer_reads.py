@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from hirflow.state.keys import partition_of
 from hirflow.state.routed_reader import PeerUnavailable, Raw
-from hirflow.streams.routing import FORWARDED
+from hirflow.streams.routing import FORWARDED, owner_of
 
 PATH = "/v1/internal/records"
 MAX_IDS = 10_000            # most ids one request may ask for (400 beyond)
@@ -45,7 +44,7 @@ class PeerRecords:
         return cls(w.index, w.count, cfg.kafka.partitions, w.peer_url, w.api_token)
 
     def owner(self, node: str) -> int:
-        return partition_of(node, self.partitions) % self.count
+        return owner_of(node, self.partitions, self.count)
 
     def post(self, owner: int, path: str, payload) -> bytes:
         """POST `payload` as msgpack to worker `owner`'s `path` -> the answer's body;

@@ -54,7 +54,7 @@ from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_GENERATION, INDE
 from hirflow.streams.neighbor_forward import NeighborForwarder, NeighborInbox
 from hirflow.streams.neighbor_queue import NeighborQueue
 from hirflow.streams.peer_reads import PeerRecords
-from hirflow.streams.routing import NodeRouter
+from hirflow.streams.routing import owner_of
 from hirflow.streams.serving_snapshot import ServingSnapshot, empty_memory
 from hirflow.streams.token_outbox import TokenOutbox
 from hirflow.streams.topics import Topics
@@ -90,9 +90,8 @@ class RefreshLoop:
         self.outbox = TokenOutbox(self.index, store.keys,
                                   producer or clients.producer(cfg.kafka, **{"linger.ms": 1}),
                                   topics.token_changes)
-        w = cfg.worker
-        router = NodeRouter(w.index, w.count, cfg.kafka.partitions)
-        self.owns = None if w.count == 1 else (lambda n: router.owner(n) == w.index)
+        w, partitions = cfg.worker, cfg.kafka.partitions
+        self.owns = None if w.count == 1 else (lambda n: owner_of(n, partitions, w.count) == w.index)
         self.neighbors = NeighborQueue(self.rcfg.neighbors_per_node, self.rcfg.neighbor_rate, self.owns)
         self.generations = GenerationWriter(self.index, self.supergraph)
         # with several workers, views read other workers' nodes from their owners, and

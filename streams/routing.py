@@ -22,13 +22,18 @@ FORWARDED = "X-Hirflow-Forwarded-By"
 TIMEOUT_S = 5.0
 
 
+def owner_of(node: str, partitions: int, count: int) -> int:
+    """The index of the worker that owns `node`: its partition's p % count."""
+    return partition_of(node, partitions) % count
+
+
 class NodeRouter:
     def __init__(self, index: int, count: int, partitions: int, peer_url: str = "") -> None:
         self.index, self.count, self.partitions, self.peer_url = index, count, partitions, peer_url
         self._session: aiohttp.ClientSession | None = None
 
     def owner(self, node: str) -> int:
-        return partition_of(node, self.partitions) % self.count
+        return owner_of(node, self.partitions, self.count)
 
     def owned(self) -> list[int]:
         return [p for p in range(self.partitions) if p % self.count == self.index]
