@@ -6,7 +6,11 @@ tokens for every item, the serving `MemoryIndex`. Per query (a user vector): p50
 and Recall@100 against exact inner-product search (faiss IndexFlatIP) and the same for a
 faiss HNSW index on the same embeddings, all in the same run.
 
-    python bench/retrieve.py [--quick] [--n 1000000] [--queries 200] [--probes 8]
+    python bench/retrieve.py [--quick] [--n 1000000] [--queries 200] [--probes 48]
+                             [--d 64] [--beam 1]
+
+Also times encoding 512 embeddings into tokens at the configured beam against the wide
+beam 4 (one thread): the cost of making tokens in every refresh batch.
 
 The last line printed is one JSON object of the figures.
 """
@@ -42,6 +46,22 @@ def timed(fn, queries):
     return out, np.array(lat)
 
 
+def encode_times(quant: BoMQuantizer, x: np.ndarray, reps: int = 7) -> dict:
+    """Median ms to make the tokens of `x` at the quantizer's beam, and its ratio to beam 4."""
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    beam, ms = quant.rq.max_beam_size, {}
+    try:
+        for b in (beam, 4):
+            quant.rq.max_beam_size = b
+            ms[b] = float(np.median([timed(lambda _: quant.tokens(x), [None])[1][0] for _ in range(reps)]))
+    finally:
+        quant.rq.max_beam_size = beam
+        faiss.omp_set_num_threads(threads)
+    print(f"tokens of 512 embeddings: {ms[beam]:.1f} ms at beam {beam}, {ms[4]:.1f} ms at beam 4")
+    return {"value": round(ms[beam], 2), "unit": "ms", "ratio_to_beam_4": round(ms[beam] / ms[4], 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -49,14 +69,18 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--probes", type=int, default=48)
     ap.add_argument("--k", type=int, default=100)
+    ap.add_argument("--d", type=int, default=64, help="embedding width (the default served "
+                    "vector with its collaborative block: 192)")
+    ap.add_argument("--beam", type=int, default=QuantizerConfig().beam,
+                    help="encoding beam of the tokens (default: the quantizer's)")
     a = ap.parse_args()
     n = a.n or (100_000 if a.quick else 1_000_000)
-    d, k = 64, a.k
+    d, k = a.d, a.k
     rng = np.random.default_rng(0)
     t = time.perf_counter()
     items = clustered(n, d, 2048, rng)
     users = clustered(a.queries, d, 2048, np.random.default_rng(1))
-    quant = BoMQuantizer(d, QuantizerConfig(train_size=min(n, 65_536))).train(items)
+    quant = BoMQuantizer(d, QuantizerConfig(train_size=min(n, 65_536), beam=a.beam)).train(items)
     tokens = np.concatenate([quant.tokens(items[i:i + 100_000]) for i in range(0, n, 100_000)])
     utok = quant.tokens(users)
     ix = MemoryIndex(0, "bench", d, 8, 1, ["user", "ad"], codebooks=quant.codebooks_array())
@@ -90,6 +114,8 @@ def main() -> None:
     figs["bom_p99_ms"]["ratio_to_hnsw"] = round(figs["bom_p99_ms"]["value"] / figs["hnsw_p99_ms"]["value"], 3)
     figs[f"bom_recall_at_{k}"]["ratio_to_hnsw"] = round(figs[f"bom_recall_at_{k}"]["value"] / max(1e-9, figs[f"hnsw_recall_at_{k}"]["value"]), 3)
     figs["items"] = {"value": n, "unit": "items"}
+    figs["beam"] = {"value": a.beam, "unit": "beam"}
+    figs["encode_ms_per_512"] = encode_times(quant, items[:512])
     print(json.dumps(figs))
 
 

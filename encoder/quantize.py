@@ -16,6 +16,12 @@ log = logging.getLogger(__name__)
 
 # faiss k-means warns below this many training points per centroid
 SPARSE_POINTS_PER_CODE = 39
+# beam width of the residual encoding while the codebooks are fitted: a wider beam finds
+# better residuals for each next codebook to learn from (encoding, `QuantizerConfig.beam`,
+# may be narrower)
+TRAIN_BEAM = 4
+# the encoding beam of checkpoints whose manifest predates `beam`: their tokens stay the same
+LEGACY_BEAM = 4
 
 
 @dataclass(frozen=True)
@@ -24,17 +30,28 @@ class QuantizerConfig:
     nbits: int = 8             # 256 codes per codebook
     train_size: int = 65_536   # embeddings sampled for training
     seed: int = 0
+    beam: int = 1              # residual encoding beam when tokens are made: 1 = greedy.
+                               # Part of the checkpoint (every worker must make the same
+                               # tokens). Beam 4 costs 4.3x the time for the same BoM recall
+                               # (docs/benchmarks.md, "Retrieval")
 
     def __post_init__(self) -> None:
-        if not 1 <= self.m <= 64 or not 1 <= self.nbits <= 16:
-            raise ValueError(f"m must be in 1..64 and nbits in 1..16, got {self.m}, {self.nbits}")
+        if not 1 <= self.m <= 64 or not 1 <= self.nbits <= 16 or not 1 <= self.beam <= 64:
+            raise ValueError(f"m must be in 1..64, nbits in 1..16 and beam in 1..64, got "
+                             f"{self.m}, {self.nbits}, {self.beam}")
+
+    @classmethod
+    def of_manifest(cls, doc: dict) -> "QuantizerConfig":
+        """The config a checkpoint's manifest records; one written before `beam` existed
+        encodes with the beam its tokens were made with."""
+        return cls(**{"beam": LEGACY_BEAM, **doc})
 
 
 class BoMQuantizer:
     def __init__(self, d: int, cfg: QuantizerConfig) -> None:
         self.d, self.cfg = d, cfg
         self.rq = faiss.ResidualQuantizer(d, cfg.m, cfg.nbits)
-        self.rq.max_beam_size = 4
+        self.rq.max_beam_size = cfg.beam
         # faiss prints one stderr line per codebook when it has fewer than 39 points per code;
         # the threshold only warns (it changes no result), so `train` says it once in the log
         self.rq.cp.min_points_per_centroid = 1
@@ -54,10 +71,12 @@ class BoMQuantizer:
             x = x[np.sort(idx)]
         threads = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1)          # k-means sums in one order: reproducible codebooks
+        self.rq.max_beam_size = TRAIN_BEAM
         try:
             self.rq.train(x)
         finally:
             faiss.omp_set_num_threads(threads)
+            self.rq.max_beam_size = self.cfg.beam
         return self
 
     def codes(self, x: np.ndarray) -> np.ndarray:

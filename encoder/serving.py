@@ -73,7 +73,7 @@ class ServingModel:
         if ck.codebooks is None:
             raise ckpt.CheckpointError(f"{path}: no quantizer codebooks; cannot make BoM tokens")
         try:
-            qcfg = QuantizerConfig(**ck.manifest["quantizer"])
+            qcfg = QuantizerConfig.of_manifest(ck.manifest["quantizer"])
         except (TypeError, KeyError, ValueError) as exc:
             raise ckpt.CheckpointError(f"{path}: its quantizer config is not one this version "
                                        f"reads: {exc}") from None

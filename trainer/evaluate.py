@@ -284,7 +284,7 @@ def _bom_recall(emb: np.ndarray, ck: ckpt.Checkpoint, k: int = 100, queries: int
     """Recall@k of token-sharing candidates re-ranked by inner product, vs exact search."""
     if ck.codebooks is None or len(emb) < 2:
         return None
-    q = BoMQuantizer.from_codebooks(ck.codebooks, QuantizerConfig(**ck.manifest["quantizer"]))
+    q = BoMQuantizer.from_codebooks(ck.codebooks, QuantizerConfig.of_manifest(ck.manifest["quantizer"]))
     tokens = q.tokens(emb)
     postings: dict[int, list[int]] = defaultdict(list)
     for i, row in enumerate(tokens):

@@ -1,6 +1,6 @@
 import numpy as np
 
-from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.encoder.quantize import LEGACY_BEAM, BoMQuantizer, QuantizerConfig
 
 
 def data(n=3000, d=32, seed=0):
@@ -28,3 +28,21 @@ def test_reconstruction_improves_with_more_codebooks_and_training_is_reproducibl
     a = BoMQuantizer(32, QuantizerConfig(m=2, nbits=5)).train(x).codebooks_array()
     b = BoMQuantizer(32, QuantizerConfig(m=2, nbits=5)).train(x).codebooks_array()
     assert np.array_equal(a, b)
+
+
+def test_the_encoding_beam_changes_tokens_not_codebooks_and_travels_in_the_manifest():
+    x = data()
+    greedy = BoMQuantizer(32, QuantizerConfig(m=4, nbits=5, beam=1)).train(x)
+    wide = BoMQuantizer(32, QuantizerConfig(m=4, nbits=5, beam=4)).train(x)
+    assert np.array_equal(greedy.codebooks_array(), wide.codebooks_array())
+    assert (greedy.tokens(x) != wide.tokens(x)).any()
+    assert wide.reconstruction_error(x) < greedy.reconstruction_error(x)
+    # a checkpoint's manifest: asdict of the config, read back with its beam
+    doc = {"m": 4, "nbits": 5, "train_size": 65_536, "seed": 0, "beam": 1}
+    again = BoMQuantizer.from_codebooks(wide.codebooks_array(), QuantizerConfig.of_manifest(doc))
+    assert (again.tokens(x) == greedy.tokens(x)).all()
+    # written before the beam existed: encodes as it did then
+    legacy = {k: v for k, v in doc.items() if k != "beam"}
+    assert QuantizerConfig.of_manifest(legacy).beam == LEGACY_BEAM == 4
+    old = BoMQuantizer.from_codebooks(wide.codebooks_array(), QuantizerConfig.of_manifest(legacy))
+    assert (old.tokens(x) == wide.tokens(x)).all()
