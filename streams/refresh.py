@@ -49,8 +49,9 @@ from hirflow.streams.cores import default_sample_processes
 from hirflow.streams.generation_writer import GenerationWriter
 from hirflow.streams.hot_swap_build import HotSwapBuild
 from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_GENERATION, INDEX_NODES, MODEL_INFO,
-                                     NODES_REFRESHED, PEER_READS, REFRESH_BATCH, REFRESH_SECONDS,
-                                     SWAP_PROGRESS, VIEW_SAMPLE_SECONDS, VIEW_WAIT_SECONDS)
+                                     NEIGHBOR_REQUESTS, NODES_REFRESHED, PEER_READS, REFRESH_BATCH,
+                                     REFRESH_SECONDS, SWAP_PROGRESS, VIEW_SAMPLE_SECONDS,
+                                     VIEW_WAIT_SECONDS)
 from hirflow.streams.neighbor_forward import NeighborForwarder, NeighborInbox
 from hirflow.streams.neighbor_queue import NeighborQueue
 from hirflow.streams.peer_reads import PeerRecords
@@ -99,6 +100,10 @@ class RefreshLoop:
         self.peers = PeerRecords.of(cfg)
         self.inbox = NeighborInbox()
         self.forward = NeighborForwarder(self.peers) if self.peers is not None else None
+        if self.owns is not None and self.peers is None:
+            log.warning("%d workers without worker.peer_url: views see this worker's nodes only, "
+                        "and neighbour refreshes of other workers' nodes are dropped (counted in "
+                        "hirflow_neighbor_requests_total{direction=\"dropped\"})", w.count)
         routed = {"peers": self.peers, "peer_ttl_s": cfg.worker.peer_cache_s}
         if self.rcfg.sample_process:
             processes = self.rcfg.sample_processes or default_sample_processes()
@@ -287,6 +292,8 @@ class RefreshLoop:
         foreign = self.neighbors.take_foreign()
         if self.forward is not None:
             self.forward.send(foreign)
+        elif foreign:                   # several workers, nowhere to send them
+            NEIGHBOR_REQUESTS.labels("dropped").inc(len(foreign))
         self.outbox.send([c for _, _, c in out if c is not None])
         self.refreshed += len(ids)
         NODES_REFRESHED.labels("dirty").inc(len(claimed))
