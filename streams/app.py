@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 from pathlib import Path
 
 import faust
@@ -84,6 +86,12 @@ def build_app(cfg: HirflowConfig, runtime: WorkerRuntime) -> faust.App:
                 if runtime.refresh is not None and runtime.refresh.error is not None:
                     log.error("refresh failed, stopping worker: %s", runtime.refresh.error)
                     app._crash(runtime.refresh.error)
+                    return
+                if runtime.replan is not None:
+                    # the graceful stop of SIGTERM (ingest and refresh commit); `hirflow
+                    # worker` then starts again with the plan's count (`streams.plan`)
+                    log.info("stopping for the new plan of %d workers", runtime.replan.count)
+                    os.kill(os.getpid(), signal.SIGTERM)
                     return
                 await self.sleep(1.0)
 

@@ -70,6 +70,7 @@ def cli(ctx, config_file, sets, bootstrap, state_path, partitions, topic_prefix,
       hirflow broker                 # embedded Kafka-compatible broker on 127.0.0.1:9092
       hirflow topics create          # create hirflow.* topics (idempotent)
       hirflow worker                 # the stream worker: ingest, refresh, query API, /metrics
+      hirflow scale N                # N workers share the partitions from now (change log)
       hirflow subscribe              # print token changes as they are published
       hirflow synth --produce        # stream a synthetic ads world with planted interests
       hirflow replay FILE            # produce JSONL / CSV / Taobao UserBehavior files
@@ -122,6 +123,7 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
     hot swap of announced checkpoints, the query API, health and metrics."""
     import faust
 
+    from hirflow.streams import plan
     from hirflow.streams.app import build_app
     from hirflow.streams.runtime import WorkerRuntime
     from hirflow.streams.topics import Topics, ensure_topics
@@ -129,6 +131,10 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
                         "refresh.checkpoint": checkpoint})
     if create_topics:
         ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
+    try:
+        cfg = plan.follow_plan(cfg)          # `hirflow scale`'s count, when there is a plan
+    except plan.PlanError as exc:
+        raise click.ClickException(str(exc)) from None
     from hirflow.state.graph import IncompatibleStoreError
     try:
         runtime = WorkerRuntime(cfg)
@@ -138,11 +144,45 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
     # the bootstrap servers are not logged: they may come from a Secret
     log.info("worker %d/%d, state %s, web http://%s:%d/metrics", cfg.worker.index,
              cfg.worker.count, cfg.graph.path, cfg.worker.web_host, cfg.worker.web_port)
+    watcher = None
+    if cfg.worker.changelog:
+        watcher = plan.PlanWatcher(cfg, cfg.worker.count, lambda p: setattr(runtime, "replan", p)).start()
     try:
         faust.Worker(app, loglevel=(obj.log_level or cfg.worker.log_level).lower(),
                      override_logging=False, quiet=True).execute_from_commandline()
     finally:
-        runtime.close()
+        try:
+            if watcher is not None:
+                watcher.close()
+            runtime.close()
+        finally:
+            if runtime.replan is not None:      # even when the stop failed (fenced): the
+                plan.restart_in_place()         # new start settles every partition anew
+
+
+@cli.command()
+@click.argument("workers", type=int, required=False)
+@click.pass_obj
+def scale(obj: Ctx, workers):
+    """Change how many workers share the partitions, while they run (needs the change log,
+    worker.changelog). Each running worker stops gracefully and starts again with the new
+    count: it restores the partitions it gains from the change log and drops those it loses;
+    workers the plan leaves out wait until a plan includes them. Without WORKERS: print the
+    current plan."""
+    from hirflow.streams import plan
+    from hirflow.streams.topics import Topics, ensure_topics
+    cfg = obj.config()
+    if workers is None:
+        current = plan.newest_plan(cfg)
+        click.echo(f"plan: {current.count} workers" if current else
+                   f"no plan: workers follow worker.count ({cfg.worker.count})")
+        return
+    ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
+    try:
+        plan.publish_plan(cfg, workers)
+    except plan.PlanError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"plan: {workers} workers over {cfg.kafka.partitions} partitions")
 
 
 @cli.command()

@@ -89,6 +89,7 @@ class WorkerRuntime:
         self.refresh = None
         self.watcher = None
         self.query = None
+        self.replan = None      # a new assignment plan (`streams.plan`): stop, then start anew
 
     def _settle_partitions(self) -> None:
         """Claim the owned partitions in the change log, restore what this store lacks, drop

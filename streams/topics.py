@@ -54,6 +54,10 @@ class Topics:
     def checkpoints(self) -> str:
         return self._n("hirflow.checkpoints")
 
+    @property
+    def plan(self) -> str:
+        return self._n("hirflow.plan")
+
     def specs(self, cfg: KafkaConfig) -> dict[str, tuple[int, dict]]:
         """name -> (partitions, config). Keyed topics share the partition count, so a node's
         engagements, reverse records, entity and token changes all live on one partition."""
@@ -66,6 +70,7 @@ class Topics:
             self.token_changes: (p, DELETE),
             self.checkpoints: (1, COMPACT),
             self.changelog: (p, KEEP),
+            self.plan: (1, KEEP),           # `streams.plan`: a few records, the newest counts
         }
 
 
