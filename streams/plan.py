@@ -71,7 +71,7 @@ def _plan_consumer(cfg: HirflowConfig, **extra):
     return consumer
 
 
-def _read(consumer, msgs, latest: Plan | None) -> Plan | None:
+def _read(msgs, latest: Plan | None) -> Plan | None:
     """The newest good plan among `msgs` (a bad record is logged and skipped)."""
     for m in msgs:
         if m.error() is not None:
@@ -97,7 +97,7 @@ def newest_plan(cfg: HirflowConfig, timeout: float = 30.0) -> Plan | None:
         latest, deadline = None, time.monotonic() + timeout
         while hi > lo:
             msgs = consumer.consume(100, timeout=0.5)
-            latest = _read(consumer, msgs, latest)
+            latest = _read(msgs, latest)
             if any(m.error() is None and m.offset() >= hi - 1 for m in msgs):
                 break
             if time.monotonic() > deadline:
@@ -191,7 +191,7 @@ class PlanWatcher:
         try:
             while not self.stop.is_set():
                 msgs = self.consumer.consume(100, timeout=self.poll_s)
-                latest = _read(self.consumer, msgs, latest)
+                latest = _read(msgs, latest)
                 if not msgs and latest is not None and latest.count != self.count:
                     log.info("new plan at offset %d: %d workers (this worker runs with %d)",
                              latest.offset, latest.count, self.count)
