@@ -78,6 +78,15 @@ SWAP_PROGRESS = Gauge("hirflow_hot_swap_progress",
 CHECKPOINTS_REFUSED = Counter("hirflow_checkpoints_refused_total",
                               "Announced checkpoints that failed verification or loading",
                               registry=REGISTRY)
+PARTITIONS_OWNED = Gauge("hirflow_partitions_owned",
+                         "Keyed partitions this worker owns (its share under the plan or worker.count)",
+                         registry=REGISTRY)
+RESTORED_CHANGES = Gauge("hirflow_changelog_restored_changes",
+                         "Change-log records replayed at this start to restore the partitions it gained",
+                         registry=REGISTRY)
+SETTLE_SECONDS = Gauge("hirflow_changelog_settle_seconds",
+                       "Time this start took to claim, restore and drop partitions through the change log",
+                       registry=REGISTRY)
 NEIGHBOR_BACKLOG = Gauge("hirflow_neighbor_refresh_backlog",
                          "Neighbours queued for a budgeted refresh", registry=REGISTRY)
 

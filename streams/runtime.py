@@ -17,7 +17,8 @@ from hirflow.streams.changelog import ChangelogWriter, settle
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
 from hirflow.streams.ingest import IngestLoop, owned_partitions
-from hirflow.streams.metrics import DIRTY_NODES, EVENTS_APPLIED, EVENTS_CONSUMED, EVENTS_SKIPPED, STATE_BYTES
+from hirflow.streams.metrics import (DIRTY_NODES, EVENTS_APPLIED, EVENTS_CONSUMED, EVENTS_SKIPPED,
+                                     PARTITIONS_OWNED, RESTORED_CHANGES, SETTLE_SECONDS, STATE_BYTES)
 from hirflow.streams.topic_identity import check_topic_identity
 from hirflow.streams.topics import Topics
 
@@ -59,6 +60,7 @@ class WorkerRuntime:
         self.store = GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions,
                                 sync_writes=cfg.graph.sync_writes)
         self.owned = frozenset(owned_partitions(cfg))
+        PARTITIONS_OWNED.set(len(self.owned))
         self.changelog: ChangelogWriter | None = None
         try:
             if not cfg.worker.changelog:
@@ -102,6 +104,8 @@ class WorkerRuntime:
         log.info("change log: %d partitions kept, %d restored (%d changes), %d entered the log, "
                  "%d dropped, in %.1f s", len(done.kept), len(done.restored),
                  sum(done.restored.values()), len(done.bootstrapped), len(done.dropped), done.seconds)
+        RESTORED_CHANGES.set(sum(done.restored.values()))
+        SETTLE_SECONDS.set(done.seconds)
         self.store.attach_log(self.owned, self.changelog)
 
     # -- ingest thread --------------------------------------------------------------------
