@@ -158,7 +158,7 @@ def _model(api: str) -> str:
     if not s:
         return "?"
     swap = s.get("hot_swap")
-    return s["model"] + (f" (swapping {swap['done']}/{swap['total']})" if swap else "")
+    return s["model"] + (f" (swapping {swap['done']}/~{swap['total_estimate']})" if swap else "")
 
 
 def wait_idle(metrics: str, timeout: float) -> None:

@@ -46,6 +46,21 @@ def test_window_counts_only_changes_received_within_it(arrivals, window_ms):
     assert min(expected) - 1e-3 <= q.p50_ms <= q.p99_ms <= max(expected) + 1e-3
 
 
+def test_the_demo_line_reads_the_hot_swap_status_the_worker_reports(monkeypatch):
+    """The demo prints the swap's progress from /v1/status: the keys it reads are the ones
+    `HotSwapBuild.status` writes (a renamed key once crashed the demo at its first swap)."""
+    from types import SimpleNamespace
+
+    from hirflow.streams import demo
+    from hirflow.streams.hot_swap_build import HotSwapBuild
+    building = SimpleNamespace(model=SimpleNamespace(id="ckpt-b"), gen=2, done=300, total=1200)
+    status = {"model": "ckpt-a", "hot_swap": HotSwapBuild.status(SimpleNamespace(building=building))}
+    monkeypatch.setattr(demo, "get_json", lambda api, path, timeout: status)
+    assert demo._model("http://w") == "ckpt-a (swapping 300/~1200)"
+    status["hot_swap"] = HotSwapBuild.status(SimpleNamespace(building=None))
+    assert demo._model("http://w") == "ckpt-a"
+
+
 @pytest.mark.slow
 def test_demo_trains_swaps_and_reports(tmp_path, capsys):
     """A short demo: the first checkpoint is trained, announced and served, and the summary
