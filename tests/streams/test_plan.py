@@ -29,11 +29,14 @@ def test_a_plan_round_trips(count):
     assert Plan.decode(Plan.encode(count), 7) == Plan(count, 7)
 
 
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                    lambda xs: st.lists(xs, max_size=3)
+                    | st.dictionaries(st.sampled_from(["count", "x"]), xs, max_size=2),
+                    max_leaves=6)
+
+
 @settings(max_examples=300)
-@given(st.one_of(st.binary(max_size=40), st.none(),
-                 st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                              lambda xs: st.lists(xs, max_size=3) | st.dictionaries(st.sampled_from(["count", "x"]), xs, max_size=2),
-                              max_leaves=6).map(lambda v: json.dumps(v).encode())))
+@given(st.one_of(st.binary(max_size=40), st.none(), JSON.map(lambda v: json.dumps(v).encode())))
 def test_any_record_is_a_plan_or_a_plan_error(raw):
     try:
         plan = Plan.decode(raw, 0)
