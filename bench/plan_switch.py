@@ -29,13 +29,10 @@ from hirflow.streams.broker import EmbeddedBroker
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.plan import publish_plan
 from hirflow.streams.replay import produce
+from hirflow.streams.routing import partitions_of
 from hirflow.streams.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics, ensure_topics
 from hirflow.streams.worker_process import WorkerProcess, peer_ports
-
-
-def share(partitions: int, count: int, index: int) -> int:
-    return sum(1 for p in range(partitions) if p % count == index)
 
 
 def settled(workers: list[WorkerProcess], count: int, partitions: int) -> list[dict] | None:
@@ -45,7 +42,7 @@ def settled(workers: list[WorkerProcess], count: int, partitions: int) -> list[d
         if i >= count:
             if m:                                 # left out: waiting, no metrics page
                 return None
-        elif not m or m.get("hirflow_partitions_owned") != share(partitions, count, i):
+        elif not m or m.get("hirflow_partitions_owned") != len(partitions_of(i, count, partitions)):
             return None
     return ms
 

@@ -23,6 +23,7 @@ from hirflow.state.writer import BOTH_SIDES, GraphWriter
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
+from hirflow.streams.routing import partitions_of
 from hirflow.streams.metrics import (APPLIED_OFFSET, BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
                                      EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, NODES_EXPIRED)
 from hirflow.streams.side_router import SideRouter
@@ -35,8 +36,7 @@ IDLE_CONFIRM_S = 1.0
 
 
 def owned_partitions(cfg: HirflowConfig) -> list[int]:
-    w = cfg.worker
-    return [p for p in range(cfg.kafka.partitions) if p % w.count == w.index]
+    return partitions_of(cfg.worker.index, cfg.worker.count, cfg.kafka.partitions)
 
 
 class IngestLoop:

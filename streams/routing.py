@@ -27,6 +27,11 @@ def owner_of(node: str, partitions: int, count: int) -> int:
     return partition_of(node, partitions) % count
 
 
+def partitions_of(index: int, count: int, partitions: int) -> list[int]:
+    """The partitions worker `index` of `count` owns: those p with p % count == index."""
+    return [p for p in range(partitions) if p % count == index]
+
+
 class NodeRouter:
     def __init__(self, index: int, count: int, partitions: int, peer_url: str = "") -> None:
         self.index, self.count, self.partitions, self.peer_url = index, count, partitions, peer_url
@@ -36,7 +41,7 @@ class NodeRouter:
         return owner_of(node, self.partitions, self.count)
 
     def owned(self) -> list[int]:
-        return [p for p in range(self.partitions) if p % self.count == self.index]
+        return partitions_of(self.index, self.count, self.partitions)
 
     def assignment(self) -> dict:
         """What `/v1/status` reports: this worker, the worker count, its partitions."""
