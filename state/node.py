@@ -30,6 +30,17 @@ _decode = msgspec.msgpack.Decoder(tuple[str, int | None, int | None, int,
                                                    tuple[float, int, int, int]]]]).decode
 
 
+
+class _Head(msgspec.Struct, array_like=True):
+    """A record's leading fields; msgspec skips the rest (activity, edges) unbuilt."""
+    id: str
+    first: int | None
+    last: int | None
+
+
+_decode_head = msgspec.msgpack.Decoder(_Head).decode
+
+
 class NodeState:
     __slots__ = ("id", "first", "last", "events", "activity", "edges")
 
@@ -98,6 +109,13 @@ class NodeState:
         dir], [w, t, count, first]]...]] (msgspec encodes the tuples in one C call)."""
         return _encode([self.id, self.first, self.last, self.events,
                         list(self.activity.items()), list(self.edges.items())])
+
+    @staticmethod
+    def id_and_last(raw: bytes) -> tuple[str, int | None]:
+        """The node id and last event time of a packed record, without its edges (a
+        restore marks every node of a partition dirty from these)."""
+        h = _decode_head(raw)
+        return h.id, h.last
 
     @classmethod
     def unpack(cls, raw: bytes) -> "NodeState":

@@ -131,11 +131,13 @@ def test_a_node_state_round_trips_through_its_stored_form():
     from hirflow.state.node import NodeState
     s = NodeState("ad:9")
     assert NodeState.unpack(s.pack()).first is None                 # a node with no events yet
+    assert NodeState.id_and_last(s.pack()) == ("ad:9", None)
     s.apply_sum("user:1", "click", OUT, 1.5, T0, 2, T0 - 5, T0, 1e-9)
     s.apply_sum("campaign:1", "runs", IN, 1, T0 + 7, 1, T0 + 7, T0 + 7, 0.0)   # an int weight
     back = NodeState.unpack(s.pack())
     assert (back.id, back.first, back.last, back.events) == (s.id, s.first, s.last, s.events)
     assert back.edges == s.edges and back.activity == s.activity
+    assert NodeState.id_and_last(s.pack()) == (s.id, s.last)
     assert all(isinstance(k, tuple) and isinstance(v, tuple) for k, v in back.edges.items())
 
 
