@@ -4,7 +4,9 @@
   the same loop without it on the same topic in the same run (ratio: the log's cost);
 - snapshot: node records per second written to the log as snapshots;
 - restore: node records per second a new owner replays from the log (claim, read, apply,
-  mark for re-encoding), and the seconds per million node records that gives.
+  mark for re-encoding), and the seconds per million node records that gives;
+- promote: the same takeover from a standby copy that followed the log
+  (`worker.standby_replicas`): node records per second, ratio to the restore.
 
     python bench/changelog.py [--quick] [--events N] [--repeat N] [--partitions P]
                               [--events-per-user K]
@@ -27,13 +29,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import msgpack  # noqa: E402
+from confluent_kafka import TopicPartition  # noqa: E402
 import numpy as np  # noqa: E402
 from ingest import _as  # noqa: E402
 
 from hirflow.state.config import build  # noqa: E402
 from hirflow.state.graph import GraphStore  # noqa: E402
 from hirflow.state.writer import GraphWriter  # noqa: E402
-from hirflow.streams import changelog, clients  # noqa: E402
+from hirflow.streams import changelog, clients, standby  # noqa: E402
 from hirflow.streams.broker import EmbeddedBroker  # noqa: E402
 from hirflow.streams.config import HirflowConfig  # noqa: E402
 from hirflow.streams.ingest import IngestLoop  # noqa: E402
@@ -88,6 +91,31 @@ def ingest(cfg: HirflowConfig, n: int, prefix: str, logged: bool, path: Path) ->
     return rate
 
 
+def promote_time(cfg: HirflowConfig, topic: str, copies: Path, target: Path, nodes: int) -> float:
+    """Seconds a new owner takes to take every partition over from standby copies that
+    followed the log to its end (the following itself is not timed: it runs beforehand)."""
+    parts = list(range(cfg.kafka.partitions))
+    with GraphStore(copies, cfg.schema, cfg.kafka.partitions) as copy_store:
+        follower = standby.StandbyFollower(cfg.kafka, copy_store, topic, parts, poll_s=0.05)
+        follower.start()
+        probe = clients.consumer(cfg.kafka, "bench-probe")
+        ends = {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
+        probe.close()
+        while any(follower.consumed.get(p, -1) < ends[p] for p in parts):
+            if follower.error is not None:
+                raise follower.error
+            time.sleep(0.1)
+        follower.close()
+        with GraphStore(target, cfg.schema, cfg.kafka.partitions) as store:
+            w = changelog.ChangelogWriter(cfg.kafka, store, topic, "promoted")
+            t = time.perf_counter()
+            done = changelog.settle(cfg.kafka, store, w, parts, cfg.kafka.partitions, standby=copy_store)
+            seconds = time.perf_counter() - t
+            w.close()
+            assert store.reader.count() == nodes and len(done.promoted) == cfg.kafka.partitions
+    return seconds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (within a minute)")
@@ -100,7 +128,7 @@ def main() -> None:
     n = a.events or (60_000 if a.quick else 400_000)
     repeat = a.repeat or (1 if a.quick else 3)
     tmp = Path(tempfile.mkdtemp(prefix="hirflow-bench-changelog-"))
-    plain, logged, snap, restore, restore_s = [], [], [], [], []
+    plain, logged, snap, restore, restore_s, promote, promote_s = [], [], [], [], [], [], []
     try:
         with EmbeddedBroker() as broker:
             base = build(HirflowConfig, {"kafka": {"bootstrap": broker.bootstrap, "partitions": a.partitions,
@@ -132,13 +160,18 @@ def main() -> None:
                     restore.append(nodes / restore_s[-1])
                     w.close()
                     assert store.reader.count() == nodes and len(done.restored) == a.partitions
+                promote_s.append(promote_time(base, Topics(prefix).changelog, tmp / f"copies{r}",
+                                              tmp / f"promoted{r}", nodes))
+                promote.append(nodes / promote_s[-1])
                 print(f"run {r + 1}: ingest {plain[-1]:,.0f}/s plain, {logged[-1]:,.0f}/s with the log; "
-                      f"{nodes} nodes: snapshot {snap[-1]:,.0f}/s, restore {restore[-1]:,.0f}/s", flush=True)
+                      f"{nodes} nodes: snapshot {snap[-1]:,.0f}/s, restore {restore[-1]:,.0f}/s, "
+                      f"promote {promote[-1]:,.0f}/s", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    pm, lm, sm, rm = (statistics.median(x) for x in (plain, logged, snap, restore))
+    pm, lm, sm, rm, prm = (statistics.median(x) for x in (plain, logged, snap, restore, promote))
     print(f"median of {repeat}: ingest {lm:,.0f} events/s with the change log = {lm / pm:.2f}x without "
-          f"({pm:,.0f}/s); restore {rm:,.0f} node records/s = {1e6 / rm:,.0f} s per million")
+          f"({pm:,.0f}/s); restore {rm:,.0f} node records/s = {1e6 / rm:,.0f} s per million; "
+          f"promote {prm:,.0f} node records/s = {prm / rm:.1f}x restore")
     print(json.dumps({
         "events": {"value": n, "unit": "events"},
         "ingest_with_changelog": {"value": round(lm), "unit": "events/s", "ratio_to_without": round(lm / pm, 3)},
@@ -148,6 +181,9 @@ def main() -> None:
         "restore_per_million_nodes": {"value": round(1e6 / rm, 1), "unit": "s"},
         "restore_time": {"value": round(statistics.median(restore_s), 1), "unit": "s",
                          "nodes": nodes, "partitions": a.partitions},
+        "promote": {"value": round(prm), "unit": "node records/s", "ratio_to_restore": round(prm / rm, 2)},
+        "promote_per_million_nodes": {"value": round(1e6 / prm, 1), "unit": "s"},
+        "promote_time": {"value": round(statistics.median(promote_s), 2), "unit": "s"},
         "runs": repeat,
     }))
 

@@ -122,10 +122,17 @@ def decode(kind: bytes, value: bytes) -> dict:
 @dataclass
 class Step:
     """What replay does to the partition: apply `ops` (after dropping everything first when
-    `replace`, a snapshot); the state is then at commit `cseq`."""
+    `replace`, a snapshot); the state is then at commit `cseq` of owner `epoch`, whose last
+    record is at log `offset` (where a replay that already applied this step resumes:
+    `Replay.resume`)."""
     cseq: int
     ops: list[Op]
     replace: bool = False
+    epoch: int = -1
+    offset: int = -1
+
+    def position(self) -> "Position":
+        return Position(self.epoch, self.cseq, self.offset)
 
 
 @dataclass
@@ -136,6 +143,13 @@ class Replay:
     _pending: Step | None = None
     _parts: list = field(default_factory=list)
     _parts_key: tuple | None = None
+
+    @classmethod
+    def resume(cls, applied: Position) -> "Replay":
+        """A replay of the records after `applied` (a step's `position()`) that goes on as
+        the replay that yielded that step would have: feed it from `applied.offset + 1`. What
+        a standby copy of a partition uses to follow its log (`streams.standby`)."""
+        return cls(epoch=applied.epoch)
 
     def feed(self, offset: int, kind: bytes, value: bytes) -> Iterator[Step]:
         doc = decode(kind, value)
@@ -162,9 +176,9 @@ class Replay:
             yield self._pending
             self._pending = None
         if kind == SNAPSHOT:                # a copy of committed state: confirmed already
-            yield Step(doc["s"], ops, replace=True)
+            yield Step(doc["s"], ops, replace=True, epoch=doc["e"], offset=offset)
         else:
-            self._pending = Step(doc["s"], ops)
+            self._pending = Step(doc["s"], ops, epoch=doc["e"], offset=offset)
 
     def end(self, base: int | None) -> Iterator[Step]:
         """The replay ends at a claim with this base (None: the claimer keeps no state)."""

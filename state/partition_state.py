@@ -118,11 +118,27 @@ def mark_dirty(store: GraphStore, partition: int) -> int:
     rebuilds the index entries the log does not carry; returns how many."""
     wb, n = store.batch_unlogged(), 0
     for k, v in store.reader._iter_prefix("nodes", KeyCodec.partition_prefix(partition)):
-        s = NodeState.unpack(v)
-        wb.put("dirty", k, msgpack.packb([s.id, s.last or 0]))
+        node_id, last = NodeState.id_and_last(v)
+        wb.put("dirty", k, msgpack.packb([node_id, last or 0]))
         n += 1
         if n % APPLY_CHUNK == 0:
             store.write(wb)
             wb = store.batch_unlogged()
     store.write(wb)
+    return n
+
+
+def copy(src: GraphStore, dst: GraphStore, partition: int) -> int:
+    """Make `dst`'s movable state of the partition a copy of `src`'s (what `dst` held is
+    dropped first; positions are the caller's); returns the ops copied. Streams in chunks:
+    a partition of millions of nodes never sits in memory whole."""
+    drop(dst, partition, keep_position=True)
+    wb, n = dst.batch_unlogged(), 0
+    for code, key, value in movable_ops(src, partition):
+        wb.put(FAMILY_NAME[code], key, value)
+        n += 1
+        if n % APPLY_CHUNK == 0:
+            dst.write(wb)
+            wb = dst.batch_unlogged()
+    dst.write(wb)
     return n

@@ -17,6 +17,9 @@ Kafka side:
 - snapshots (`ChangelogWriter.snapshot`): every movable key of a partition, written when
   the partition first enters the log with state and then periodically, so a replay starts
   from the newest snapshot instead of the first commit and the topic may carry a retention.
+- standby copies (`streams.standby`): `settle` takes over a gained partition from a local
+  copy and the log after it when there is one, and hands a lost partition to the standby
+  store when this worker keeps a copy of it.
 """
 from __future__ import annotations
 
@@ -24,15 +27,15 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from hirflow.state import partition_state
 from hirflow.state.graph import GraphStore, IncompatibleStoreError
-from hirflow.state.partition_log import (CLAIM, SNAPSHOT, Op, Position, claim_record, decode, replay,
-                                         set_records)
+from hirflow.state.partition_log import (CLAIM, SNAPSHOT, Op, Position, Replay, claim_record, decode,
+                                         replay, set_records)
 from hirflow.streams import clients
 from hirflow.streams.config import KafkaConfig
 
@@ -158,7 +161,9 @@ class LogReader:
 
     def read(self, partition: int, start: int, end: int):
         """(offset, kind, value) of the records in [start, end) of the partition (start may
-        be OFFSET_BEGINNING); `end` must exist (a claim just made)."""
+        be OFFSET_BEGINNING); the record at `end - 1` must exist (or `end`: a claim just made)."""
+        if start != OFFSET_BEGINNING and start >= end:
+            return
         self.consumer.assign([TopicPartition(self.topic, partition, start)])
         last = time.monotonic()
         try:
@@ -177,6 +182,8 @@ class LogReader:
                     if m.offset() >= end:
                         return
                     yield m.offset(), m.key(), m.value()
+                    if m.offset() == end - 1:
+                        return
         finally:
             self.consumer.unassign()
 
@@ -218,13 +225,21 @@ class Settled:
     bootstrapped: list[int]
     dropped: dict[int, int]         # partition -> node records removed
     seconds: float
+    promoted: dict[int, int] = field(default_factory=dict)   # from a standby copy: log ops after it
+    handed: list[int] = field(default_factory=list)          # lost ones kept as standby copies
 
 
 def settle(kafka: KafkaConfig, store: GraphStore, writer: ChangelogWriter,
-           owned: list[int], num_partitions: int) -> Settled:
-    """Claim every owned partition and bring its local state to the log's; drop the rest."""
+           owned: list[int], num_partitions: int, standby: GraphStore | None = None,
+           standby_parts: Iterable[int] = ()) -> Settled:
+    """Claim every owned partition and bring its local state to the log's; drop the rest.
+
+    With a standby store: a gained partition with a copy there is promoted (the copy plus
+    the log after it), a lost partition in `standby_parts` becomes a copy there, and the
+    store keeps only copies of `standby_parts`."""
     t0 = time.perf_counter()
-    kept, restored, booted, dropped = [], {}, [], {}
+    kept, restored, booted, dropped, promoted, handed = [], {}, [], {}, {}, []
+    standby_parts = set(standby_parts) - set(owned)
     for p in range(num_partitions):
         if p in owned:
             continue
@@ -236,6 +251,8 @@ def settle(kafka: KafkaConfig, store: GraphStore, writer: ChangelogWriter,
                 "workers once with worker.changelog = true and the worker count this store was "
                 "built with, then change the count.")
         if logged or partition_state.has_state(store, p):
+            if standby is not None and p in standby_parts and _hand_to_standby(store, standby, p):
+                handed.append(p)
             dropped[p] = partition_state.drop(store, p)
             log.info("change log: dropped partition %d (%d nodes): another worker owns it", p, dropped[p])
     positions = {p: partition_state.position(store, p) for p in owned}
@@ -245,8 +262,10 @@ def settle(kafka: KafkaConfig, store: GraphStore, writer: ChangelogWriter,
     reader = LogReader(kafka, writer.topic)
     try:
         for p in owned:
-            what, n = _settle_owned(store, writer, reader, p, positions[p], epochs[p])
-            if what == "kept":
+            what, n = _settle_owned(store, writer, reader, p, positions[p], epochs[p], standby)
+            if what == "promoted":
+                promoted[p] = n
+            elif what == "kept":
                 kept.append(p)
             elif what == "bootstrapped":
                 booted.append(p)
@@ -254,13 +273,61 @@ def settle(kafka: KafkaConfig, store: GraphStore, writer: ChangelogWriter,
                 restored[p] = n
     finally:
         reader.close()
-    return Settled(kept, restored, booted, dropped, time.perf_counter() - t0)
+    if standby is not None:     # owned partitions' copies are spent; copies of others stale
+        for p in range(num_partitions):
+            if p not in standby_parts and (partition_state.position(standby, p) is not None
+                                           or partition_state.has_state(standby, p)):
+                partition_state.drop(standby, p)
+    return Settled(kept, restored, booted, dropped, time.perf_counter() - t0, promoted, handed)
+
+
+def _hand_to_standby(store: GraphStore, standby: GraphStore, p: int) -> bool:
+    """Keep a partition this worker loses as a standby copy, at its position in the log (its
+    last commit here is durable, so the log after it goes on from there)."""
+    pos = partition_state.position(store, p)
+    if pos is None or pos.cseq < 0:
+        return False
+    partition_state.set_position(standby, p, Position(pos.epoch, -1, pos.offset))   # unfinished
+    partition_state.copy(store, standby, p)
+    partition_state.set_position(standby, p, pos)
+    log.info("change log: partition %d kept as a standby copy (commit %d)", p, pos.cseq)
+    return True
+
+
+def _promote(store: GraphStore, standby: GraphStore, writer: ChangelogWriter, reader: LogReader,
+             p: int, base: int | None, epoch: int) -> tuple[str, int] | None:
+    """Take partition p over from its standby copy and the log after it, or None when there
+    is no whole copy or the log no longer holds what follows it."""
+    copy_at = partition_state.position(standby, p)
+    if copy_at is None or copy_at.cseq < 0:
+        return None
+    low, _ = reader.consumer.get_watermark_offsets(TopicPartition(writer.topic, p), timeout=30)
+    if not low <= copy_at.offset + 1 <= epoch:
+        log.warning("change log: the standby copy of partition %d is at log offset %d, which "
+                    "the log does not continue (it holds %d to the claim at %d); replaying the "
+                    "log instead", p, copy_at.offset, low, epoch)
+        return None
+    partition_state.drop(store, p)
+    partition_state.set_position(store, p, Position(epoch, -1, epoch))    # unfinished, as a restore
+    copied = partition_state.copy(standby, store, p)
+    tail = Replay.resume(copy_at)
+    steps = itertools.chain((s for offset, kind, value in reader.read(p, copy_at.offset + 1, epoch)
+                             for s in tail.feed(offset, kind, value)), tail.end(base))
+    cseq, n = partition_state.apply(store, p, steps)
+    marked = partition_state.mark_dirty(store, p)
+    writer.positions[p] = Position(epoch, cseq if cseq >= 0 else copy_at.cseq, epoch)
+    partition_state.set_position(store, p, writer.positions[p])      # now it is whole
+    log.info("change log: promoted the standby copy of partition %d (%d keys copied, %d changes "
+             "replayed after it, commit %d, %d nodes to re-encode)", p, copied, n,
+             writer.positions[p].cseq, marked)
+    return "promoted", n
 
 
 def _settle_owned(store: GraphStore, writer: ChangelogWriter, reader: LogReader, p: int,
-                  pos: Position | None, epoch: int) -> tuple[str, int]:
-    """Keep, restore or enter the state of a partition just claimed at `epoch`, whose local
-    position was `pos`: (what, ops replayed)."""
+                  pos: Position | None, epoch: int,
+                  standby: GraphStore | None = None) -> tuple[str, int]:
+    """Keep, promote, restore or enter the state of a partition just claimed at `epoch`,
+    whose local position was `pos`: (what, ops replayed)."""
     if pos is not None:
         if not _others_wrote(list(reader.read(p, pos.offset + 1, epoch)), pos.epoch):
             writer.positions[p] = Position(epoch, pos.cseq, epoch)
@@ -268,6 +335,10 @@ def _settle_owned(store: GraphStore, writer: ChangelogWriter, reader: LogReader,
             return "kept", 0
         log.warning("change log: partition %d changed owner since this store held it; "
                     "replaying the log", p)
+    if standby is not None:
+        done = _promote(store, standby, writer, reader, p, pos.cseq if pos is not None else None, epoch)
+        if done is not None:
+            return done
     start = newest_snapshot(reader, p, epoch)
     records = reader.read(p, OFFSET_BEGINNING if start is None else start, epoch)
     first = next(records, None)

@@ -69,6 +69,10 @@ class WorkerConfig:
                                         # it gains from the log and drops those it loses
     changelog_snapshot_s: float = 3600.0  # full snapshot of each changed partition this often
                                         # (a restore replays from the newest one)
+    standby_replicas: int = 0           # warm copies of each partition kept by other workers
+                                        # (following the change log in a store beside
+                                        # graph.path): scaling in by up to this many workers
+                                        # takes partitions over from a copy, not a replay
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < self.count:
@@ -79,6 +83,11 @@ class WorkerConfig:
             raise ValueError("worker.query_threads must be >= 1 and query_queue >= 0")
         if self.changelog_snapshot_s <= 0 or self.peer_cache_s <= 0:
             raise ValueError("worker.changelog_snapshot_s and peer_cache_s must be > 0")
+        if self.standby_replicas < 0:
+            raise ValueError("worker.standby_replicas must be >= 0")
+        if self.standby_replicas and not self.changelog:
+            raise ValueError("worker.standby_replicas needs worker.changelog = true: standby "
+                             "copies follow the change log")
         if self.peer_url and "{index}" not in self.peer_url:
             raise ValueError(f"worker.peer_url must hold {{index}} where the worker's index goes, "
                              f"got {self.peer_url!r}")

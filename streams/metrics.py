@@ -87,6 +87,19 @@ RESTORED_CHANGES = Gauge("hirflow_changelog_restored_changes",
 SETTLE_SECONDS = Gauge("hirflow_changelog_settle_seconds",
                        "Time this start took to claim, restore and drop partitions through the change log",
                        registry=REGISTRY)
+STANDBY_PARTITIONS = Gauge("hirflow_standby_partitions",
+                           "Other workers' partitions this worker keeps standby copies of",
+                           registry=REGISTRY)
+STANDBY_LAG = Gauge("hirflow_standby_lag_records",
+                    "Change-log records the standby copies have not read yet",
+                    registry=REGISTRY)
+STANDBY_APPLIED = Counter("hirflow_standby_applied_steps_total",
+                          "Change-log commits and snapshots applied to the standby copies",
+                          registry=REGISTRY)
+PROMOTED_PARTITIONS = Gauge("hirflow_changelog_promoted_partitions",
+                            "Partitions this start took over from their standby copies "
+                            "(the others it gained were restored from the log)",
+                            registry=REGISTRY)
 NEIGHBOR_BACKLOG = Gauge("hirflow_neighbor_refresh_backlog",
                          "Neighbours queued for a budgeted refresh", registry=REGISTRY)
 

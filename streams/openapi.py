@@ -39,7 +39,7 @@ def document(version: str) -> dict:
             "/ready": _op("Readiness: caught up with the engagement topic once", []),
             "/metrics": _op("Prometheus metrics (text format)", []),
             "/v1/status": _op("Model, index generation, backlogs, hot-swap progress, and the "
-                               "worker's assignment (index, count, partitions)", []),
+                               "worker's assignment (index, count, partitions, standby copies)", []),
             "/v1/nodes/{node}": _op("Embedding, BoM tokens, assignment per level, seq",
                                     [_p("node", "node id, e.g. user:42")]),
             "/v1/nodes/{node}/view": _op(

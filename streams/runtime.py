@@ -13,12 +13,14 @@ from hirflow.state.events import EventError, Validator
 from hirflow.state.graph import GraphStore
 from hirflow.state.writer import GraphWriter
 from hirflow.streams import clients
+from hirflow.streams import standby
 from hirflow.streams.changelog import ChangelogWriter, settle
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
 from hirflow.streams.ingest import IngestLoop, owned_partitions
 from hirflow.streams.metrics import (DIRTY_NODES, EVENTS_APPLIED, EVENTS_CONSUMED, EVENTS_SKIPPED,
-                                     PARTITIONS_OWNED, RESTORED_CHANGES, SETTLE_SECONDS, STATE_BYTES)
+                                     PARTITIONS_OWNED, PROMOTED_PARTITIONS, RESTORED_CHANGES,
+                                     SETTLE_SECONDS, STATE_BYTES)
 from hirflow.streams.topic_identity import check_topic_identity
 from hirflow.streams.topics import Topics
 
@@ -62,6 +64,8 @@ class WorkerRuntime:
         self.owned = frozenset(owned_partitions(cfg))
         PARTITIONS_OWNED.set(len(self.owned))
         self.changelog: ChangelogWriter | None = None
+        self.standby_store = None
+        self.standby: standby.StandbyFollower | None = None
         try:
             if not cfg.worker.changelog:
                 self.store.claim_worker(cfg.worker.count, cfg.worker.index)
@@ -72,6 +76,7 @@ class WorkerRuntime:
                 self._settle_partitions()          # the store is this worker's set only now
                 self.store.claim_worker(cfg.worker.count, cfg.worker.index, movable=True)
         except Exception:
+            self._close_standby()
             if self.changelog is not None:
                 self.changelog.close()
             self.store.close()
@@ -99,14 +104,40 @@ class WorkerRuntime:
         w = self.cfg.worker
         self.changelog = ChangelogWriter(self.cfg.kafka, self.store, self.topics.changelog,
                                          f"{w.index}/{w.count}", snapshot_every_s=w.changelog_snapshot_s)
-        done = settle(self.cfg.kafka, self.store, self.changelog, sorted(self.owned),
-                      self.cfg.kafka.partitions)
-        log.info("change log: %d partitions kept, %d restored (%d changes), %d entered the log, "
-                 "%d dropped, in %.1f s", len(done.kept), len(done.restored),
-                 sum(done.restored.values()), len(done.bootstrapped), len(done.dropped), done.seconds)
-        RESTORED_CHANGES.set(sum(done.restored.values()))
+        parts = self.cfg.kafka.partitions
+        self.standby_store = standby.open_store(self.cfg.graph.path, self.cfg.schema, parts,
+                                                w.standby_replicas)
+        copies = standby.standby_partitions(w.index, w.count, w.standby_replicas, parts)
+        done = settle(self.cfg.kafka, self.store, self.changelog, sorted(self.owned), parts,
+                      standby=self.standby_store, standby_parts=copies)
+        log.info("change log: %d partitions kept, %d promoted from standby copies (%d changes), "
+                 "%d restored (%d changes), %d entered the log, %d dropped (%d kept as standby "
+                 "copies), in %.1f s", len(done.kept), len(done.promoted), sum(done.promoted.values()),
+                 len(done.restored), sum(done.restored.values()), len(done.bootstrapped),
+                 len(done.dropped), len(done.handed), done.seconds)
+        RESTORED_CHANGES.set(sum(done.restored.values()) + sum(done.promoted.values()))
+        PROMOTED_PARTITIONS.set(len(done.promoted))
         SETTLE_SECONDS.set(done.seconds)
         self.store.attach_log(self.owned, self.changelog)
+        if self.standby_store is not None and w.standby_replicas == 0:
+            standby.remove_store(self.standby_store)
+            self.standby_store = None
+        elif self.standby_store is not None:
+            self.standby = standby.StandbyFollower(self.cfg.kafka, self.standby_store,
+                                                   self.topics.changelog, copies)
+            self.standby.start()
+
+    def standby_partitions(self) -> list[int]:
+        """The partitions this worker keeps standby copies of (`/v1/status`)."""
+        return list(self.standby.partitions) if self.standby is not None else []
+
+    def _close_standby(self) -> None:
+        if self.standby is not None:
+            self.standby.close()
+            self.standby = None
+        if self.standby_store is not None:
+            self.standby_store.close()
+            self.standby_store = None
 
     # -- ingest thread --------------------------------------------------------------------
     def start_ingest(self) -> None:
@@ -263,6 +294,7 @@ class WorkerRuntime:
         self.stop_ingest()
         if self._entity_producer is not None:
             self._entity_producer.flush(10)
+        self._close_standby()
         if self.changelog is not None:
             self.changelog.close()
         self.store.close()

@@ -105,7 +105,9 @@ def register(app: faust.App, runtime: WorkerRuntime) -> None:
     class Status(View):
         async def get(self, request: Request) -> Response:
             return await answer(self, request,
-                                lambda: {**runtime.query.status(), "assignment": router.assignment()})
+                                lambda: {**runtime.query.status(),
+                                         "assignment": {**router.assignment(),
+                                                        "standby": runtime.standby_partitions()}})
 
     @app.page("/v1/nodes/{node}")
     class Node(View):

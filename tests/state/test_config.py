@@ -31,6 +31,10 @@ def test_bad_values_are_named():
         load(env={"HIRFLOW_GRAPH__TOP_K": "many"})
     with pytest.raises(ConfigError, match="top_k"):
         load(env={}, overrides={"graph.top_k": 0})
+    with pytest.raises(ConfigError, match="standby_replicas needs worker.changelog"):
+        load(env={"HIRFLOW_WORKER__STANDBY_REPLICAS": "1"})
+    assert load(env={"HIRFLOW_WORKER__STANDBY_REPLICAS": "1",
+                     "HIRFLOW_WORKER__CHANGELOG": "true"}).worker.standby_replicas == 1
 
 
 def test_extra_actions_and_types_from_file():

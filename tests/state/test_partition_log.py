@@ -65,9 +65,8 @@ action_st = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(action_st, max_size=30), st.sampled_from([30, 200, 10_000]))
-def test_replaying_the_log_gives_the_current_owners_state(actions, part_bytes):
+def play(actions, part_bytes: int) -> tuple[Log, Owner]:
+    """The log that owners, crashes, moves and zombies write, and the current owner."""
     log = Log()
     owner = Owner(log, {}, 0, keep=False)
     former: Owner | None = None
@@ -95,12 +94,40 @@ def test_replaying_the_log_gives_the_current_owners_state(actions, part_bytes):
             log.append(set_records(former.epoch, former.cseq + 1, action[1], part_bytes))
         elif kind == "snapshot" and not crashed:
             owner.snapshot(part_bytes)
+    return log, owner
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(action_st, max_size=30), st.sampled_from([30, 200, 10_000]))
+def test_replaying_the_log_gives_the_current_owners_state(actions, part_bytes):
+    log, owner = play(actions, part_bytes)
     # a worker that takes over with no state of its own (base None) may also get a set the
     # owner produced but crashed before committing: a valid next state; with the owner's
     # base it gets exactly the owner's state
     state, cseq = apply_steps({}, replay(log.records, owner.cseq))
     assert state == owner.state
     assert max(cseq, 0) == owner.cseq or not state
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(action_st, max_size=30), st.sampled_from([30, 200, 10_000]), st.data())
+def test_a_replay_resumed_after_any_step_ends_where_the_whole_replay_does(actions, part_bytes, data):
+    """What a standby does: apply the steps up to one, stop, later resume from that step's
+    position with only the records after it; the state equals one replay of the whole log."""
+    log, owner = play(actions, part_bytes)
+    for base in (owner.cseq, None):
+        steps = list(replay(log.records, base))
+        whole = apply_steps({}, steps)
+        if not steps:
+            continue
+        k = data.draw(st.integers(1, len(steps)), label="steps applied before stopping")
+        done = apply_steps({}, steps[:k])[0]
+        resumed = Replay.resume(steps[k - 1].position())
+        rest = [s for o, kind, value in log.records[steps[k - 1].offset + 1:]
+                for s in resumed.feed(o, kind, value)] + list(resumed.end(base))
+        assert [s.offset for s in rest] == [s.offset for s in steps[k:]]
+        assert apply_steps(done, rest)[0] == whole[0]
+        assert (rest or steps[:k])[-1].cseq == whole[1]
 
 
 def test_an_orphan_set_is_dropped_at_the_owners_restart_claim_and_kept_otherwise():

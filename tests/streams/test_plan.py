@@ -141,15 +141,18 @@ def _wait_count(w: WorkerProcess, count: int | None, timeout: float = 120.0) -> 
 
 
 def test_running_workers_switch_plans_without_losing_or_doubling_anything(cfg, tmp_path, tiny_checkpoints):
-    """Two worker processes; the plan goes 1 -> 2 -> 1 while the stream flows. Each switch
-    happens inside the running processes (same PIDs): worker 1 waits until the plan
-    includes it, restores its partitions from the change log, and hands them back."""
+    """Two worker processes with a standby copy of each partition; the plan goes 1 -> 2 -> 1
+    while the stream flows. Each switch happens inside the running processes (same PIDs):
+    worker 1 waits until the plan includes it and restores its partitions from the change
+    log, while worker 0 keeps them as standby copies; back at one worker, worker 0 promotes
+    its copies."""
     world = SynthWorld(SynthConfig(events=5_000, users=100, advertisers=5, seed=23))
     evs = [e for e in world.stream() if isinstance(e, Engagement)]
     chunks = [evs[:1500], evs[1500:3500], evs[3500:]]
     ports, peer_url = peer_ports(2)
     env = {"HIRFLOW_WORKER__COUNT": "2", "HIRFLOW_WORKER__PEER_URL": peer_url,
-           "HIRFLOW_WORKER__CHANGELOG": "true", "HIRFLOW_INGEST__BATCH_MAX": "400",
+           "HIRFLOW_WORKER__CHANGELOG": "true", "HIRFLOW_WORKER__STANDBY_REPLICAS": "1",
+           "HIRFLOW_INGEST__BATCH_MAX": "400",
            "HIRFLOW_WORKER__APP_ID": "hirflow-plan", "HIRFLOW_WORKER__KNOWLEDGE": "false",
            "HIRFLOW_REFRESH__CHECKPOINT": str(tiny_checkpoints[1]),
            "HIRFLOW_REFRESH__SAMPLE_PROCESS": "false", "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5",
@@ -189,6 +192,10 @@ def test_running_workers_switch_plans_without_losing_or_doubling_anything(cfg, t
             w.close()
     log0 = (tmp_path / "w0.log").read_text()
     assert log0.count("stopping for the new plan") == 2 and "following the plan: 1 workers" in log0
+    odd = [p for p in range(cfg.kafka.partitions) if p % 2]
+    for p in odd:      # handed over as copies at 1 -> 2, taken back from them at 2 -> 1
+        assert f"partition {p} kept as a standby copy" in log0
+        assert f"promoted the standby copy of partition {p} " in log0
     assert "waiting for one that includes it" in (tmp_path / "w1.log").read_text()
     assert_changes_consistent(cfg)
     assert_state_is_direct(cfg, tmp_path, "volume0", evs)
