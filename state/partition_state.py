@@ -99,27 +99,19 @@ def apply(store: GraphStore, partition: int, steps: Iterable[Step]) -> tuple[int
     for step in steps:
         if step.replace:
             drop(store, partition, keep_position=True)
-        wb = store.batch_unlogged()
-        for i, (code, key, value) in enumerate(step.ops, 1):
-            if value is None:
-                wb.delete(FAMILY_NAME[code], key)
-            else:
-                wb.put(FAMILY_NAME[code], key, value)
-            if i % APPLY_CHUNK == 0:
-                store.write(wb)
-                wb = store.batch_unlogged()
-        store.write(wb)
+        _write_all(store, ((FAMILY_NAME[code], key, value) for code, key, value in step.ops))
         cseq, n = step.cseq, n + len(step.ops)
     return cseq, n
 
 
-def mark_dirty(store: GraphStore, partition: int) -> int:
-    """Mark every node of the partition dirty (as of its last event), so that the refresh
-    rebuilds the index entries the log does not carry; returns how many."""
+def _write_all(store: GraphStore, writes: Iterable[tuple[str, bytes, bytes | None]]) -> int:
+    """Write (family, key, value; None deletes) in batches of APPLY_CHUNK; how many."""
     wb, n = store.batch_unlogged(), 0
-    for k, v in store.reader._iter_prefix("nodes", KeyCodec.partition_prefix(partition)):
-        node_id, last = NodeState.id_and_last(v)
-        wb.put("dirty", k, msgpack.packb([node_id, last or 0]))
+    for cf, key, value in writes:
+        if value is None:
+            wb.delete(cf, key)
+        else:
+            wb.put(cf, key, value)
         n += 1
         if n % APPLY_CHUNK == 0:
             store.write(wb)
@@ -128,17 +120,20 @@ def mark_dirty(store: GraphStore, partition: int) -> int:
     return n
 
 
+def mark_dirty(store: GraphStore, partition: int) -> int:
+    """Mark every node of the partition dirty (as of its last event), so that the refresh
+    rebuilds the index entries the log does not carry; returns how many."""
+    def marks():
+        for k, v in store.reader._iter_prefix("nodes", KeyCodec.partition_prefix(partition)):
+            node_id, last = NodeState.id_and_last(v)
+            yield "dirty", k, msgpack.packb([node_id, last or 0])
+
+    return _write_all(store, marks())
+
+
 def copy(src: GraphStore, dst: GraphStore, partition: int) -> int:
     """Make `dst`'s movable state of the partition a copy of `src`'s (what `dst` held is
     dropped first; positions are the caller's); returns the ops copied. Streams in chunks:
     a partition of millions of nodes never sits in memory whole."""
     drop(dst, partition, keep_position=True)
-    wb, n = dst.batch_unlogged(), 0
-    for code, key, value in movable_ops(src, partition):
-        wb.put(FAMILY_NAME[code], key, value)
-        n += 1
-        if n % APPLY_CHUNK == 0:
-            dst.write(wb)
-            wb = dst.batch_unlogged()
-    dst.write(wb)
-    return n
+    return _write_all(dst, ((FAMILY_NAME[code], key, value) for code, key, value in movable_ops(src, partition)))
