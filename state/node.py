@@ -30,7 +30,6 @@ _decode = msgspec.msgpack.Decoder(tuple[str, int | None, int | None, int,
                                                    tuple[float, int, int, int]]]]).decode
 
 
-
 class _Head(msgspec.Struct, array_like=True):
     """A record's leading fields; msgspec skips the rest (activity, edges) unbuilt."""
     id: str

@@ -12,8 +12,7 @@ import time
 from hirflow.state.events import EventError, Validator
 from hirflow.state.graph import GraphStore
 from hirflow.state.writer import GraphWriter
-from hirflow.streams import clients
-from hirflow.streams import standby
+from hirflow.streams import clients, standby
 from hirflow.streams.changelog import ChangelogWriter, settle
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
