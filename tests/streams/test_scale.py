@@ -1,6 +1,7 @@
 """The worker set changes while a stream flows: 1 -> 2 -> 4 -> 2 -> 1 worker processes on
 the embedded broker, ingesting and refreshing, with the change log moving each partition's
-state to its new owner and one worker killed -9 mid-stream. With two workers after the
+state to its new owner (restored from the log, or promoted from a standby copy: one copy of
+each partition is kept) and one worker killed -9 mid-stream. With two workers after the
 shrink, a node's view through either equals the one a single store of the events so far
 gives. At the end the last worker's state, and a fresh restore of every partition from the
 log, equal a direct apply of the whole stream, and no token change was published twice
@@ -28,7 +29,8 @@ def test_the_worker_set_grows_and_shrinks_without_losing_or_doubling_anything(cf
     def start(phase: int, index: int, count: int, volume: str) -> WorkerProcess:
         env = {"HIRFLOW_WORKER__COUNT": str(count), "HIRFLOW_WORKER__INDEX": str(index),
                "HIRFLOW_WORKER__WEB_PORT": str(ports[index]), "HIRFLOW_WORKER__PEER_URL": peer_url,
-               "HIRFLOW_WORKER__CHANGELOG": "true", "HIRFLOW_GRAPH__PATH": str(tmp_path / volume),
+               "HIRFLOW_WORKER__CHANGELOG": "true", "HIRFLOW_WORKER__STANDBY_REPLICAS": "1",
+               "HIRFLOW_GRAPH__PATH": str(tmp_path / volume),
                "HIRFLOW_INGEST__BATCH_MAX": "400", "HIRFLOW_INGEST__GROUP_ID": f"ingest-{phase}-{index}",
                "HIRFLOW_WORKER__APP_ID": "hirflow-scale", "HIRFLOW_WORKER__KNOWLEDGE": "false",
                "HIRFLOW_REFRESH__CHECKPOINT": str(tiny_checkpoints[1]),
@@ -57,6 +59,13 @@ def test_the_worker_set_grows_and_shrinks_without_losing_or_doubling_anything(cf
         for w in started:
             w.close()
 
+    logs = {f.name: f.read_text() for f in tmp_path.glob("w-*.log")}
+    # at the last shrink volume d (worker 1 of 2 before, owning the odd partitions) takes
+    # the even ones over from the copies it kept of them
+    last = logs[f"w-{len(phases) - 1}-0.log"]
+    assert all(f"promoted the standby copy of partition {p} " in last
+               for p in range(cfg.kafka.partitions) if p % 2 == 0), last[-3000:]
+    assert any("restored partition" in text for text in logs.values())
     assert_changes_consistent(cfg)
     assert_state_is_direct(cfg, tmp_path, "d", evs)
 
