@@ -2,6 +2,7 @@
 (`hirflow scale N`), and how fast they restore the partitions they gain from the change log.
 
     python bench/plan_switch.py [--quick] [--events N] [--partitions 8] [--plans 2,4,1]
+                                [--standby-replicas R]
 
 As many worker processes as the largest plan start under a plan of 1 (change log on,
 refresh off: the move is measured, not the re-encoding of the moved nodes that follows it):
@@ -10,8 +11,10 @@ published in turn, with nothing new produced, and the bench measures from the pu
 every worker in the plan serves its share of the partitions (`hirflow_partitions_owned`,
 set once its start has claimed, restored and dropped them) and the others wait. Per switch: those
 seconds, the change-log records the gaining workers replayed
-(`hirflow_changelog_restored_changes`) and the longest claim-restore-drop time of one worker
-(`hirflow_changelog_settle_seconds`). The last line is one JSON object.
+(`hirflow_changelog_restored_changes`), the partitions taken over from standby copies
+(`hirflow_changelog_promoted_partitions`, with `--standby-replicas`) and the longest
+claim-restore-drop time of one worker (`hirflow_changelog_settle_seconds`). The last line is
+one JSON object.
 """
 from __future__ import annotations
 
@@ -62,7 +65,9 @@ def switch(cfg: HirflowConfig, workers: list[WorkerProcess], count: int, timeout
     seconds = time.monotonic() - t0
     restored = sum(m.get("hirflow_changelog_restored_changes", 0) for m in ms[:count])
     settle = max(m.get("hirflow_changelog_settle_seconds", 0) for m in ms[:count])
+    promoted = sum(m.get("hirflow_changelog_promoted_partitions", 0) for m in ms[:count])
     return {"workers": count, "seconds": round(seconds, 1), "restored_changes": int(restored),
+            "promoted_partitions": int(promoted),
             "longest_settle_s": round(settle, 1),
             "restored_per_s": round(restored / settle) if settle > 0 and restored else None}
 
@@ -73,6 +78,8 @@ def main() -> None:
     ap.add_argument("--events", type=int)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--plans", default="2,4,1", help="plans published in turn after the plan of 1")
+    ap.add_argument("--standby-replicas", type=int, default=0,
+                    help="worker.standby_replicas of every worker (standby copies of each partition)")
     a = ap.parse_args()
     plans = [int(x) for x in a.plans.split(",")]
     n = a.events or (30_000 if a.quick else 200_000)
@@ -92,7 +99,7 @@ def main() -> None:
             "HIRFLOW_WORKER__COUNT": str(size), "HIRFLOW_WORKER__INDEX": str(i),
             "HIRFLOW_WORKER__WEB_PORT": str(ports[i]), "HIRFLOW_WORKER__PEER_URL": peer_url,
             "HIRFLOW_WORKER__CHANGELOG": "true", "HIRFLOW_GRAPH__PATH": str(tmp / f"w{i}"),
-            "HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__ENABLED": "false",
+            "HIRFLOW_WORKER__STANDBY_REPLICAS": str(a.standby_replicas), "HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__ENABLED": "false",
             "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.25"}) for i in range(size)]
         try:
             for w in workers:
@@ -108,18 +115,21 @@ def main() -> None:
                 r = switch(cfg, workers, count)
                 results.append(r)
                 print(f"plan {count}: settled in {r['seconds']} s, {r['restored_changes']:,} change-log "
-                      f"records replayed, longest settle {r['longest_settle_s']} s", flush=True)
+                      f"records replayed, {r['promoted_partitions']} partitions from standby copies, "
+                      f"longest settle {r['longest_settle_s']} s", flush=True)
         finally:
             for w in workers:
                 w.terminate()
     out = {"events": {"value": len(evs), "unit": "events"},
            "partitions": {"value": a.partitions, "unit": "partitions"},
-           "cores_here": {"value": os.cpu_count(), "unit": "cores"}}
+           "cores_here": {"value": os.cpu_count(), "unit": "cores"},
+           "standby_replicas": {"value": a.standby_replicas, "unit": "copies"}}
     before = 1
     for r in results:
         key = f"switch_{before}_to_{r['workers']}_workers"
         before = r["workers"]
         out[key] = {"value": r["seconds"], "unit": "s", "restored_changes": r["restored_changes"],
+                    "promoted_partitions": r["promoted_partitions"],
                     "longest_settle_s": r["longest_settle_s"], "restored_per_s": r["restored_per_s"]}
     print(json.dumps(out))
 
