@@ -8,7 +8,11 @@ items as x_u B. Truncated to rank r (B ~= U S V^T), the score splits into an inn
 x_u B ~= (x_u U S^1/2) . (V S^1/2)_item. So an item's block is its row of V S^1/2, fixed by
 the checkpoint, and a user's block is the sum of the `query` rows of the items in the user's
 adjacency: it moves with every purchase the worker applies, which is what makes a fresh
-user embedding rank better than a stale one.
+user embedding rank better than a stale one. That sum is then set to a fixed length
+(`user_norm`): a user's ranking by the block alone does not change, but the block's share of
+the served score stops growing with the length of the user's history (on Online Retail the
+median user has 62 items and the longest 1,626, while the encoder's per-user score spread
+varies by a third), so one weight serves light and heavy users alike.
 
 Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes
 live in the first d_emb coordinates only. Nodes of other types, and items outside the
@@ -50,6 +54,8 @@ class CollaborativeConfig:
                                      # solve and SVD per lambda tried; on 2 cores 3,600 items
                                      # take 2 s per solve and 12 s per SVD, 10,000 items 45 s
                                      # and 103 s (~8 minutes in all), 5,000 about a minute
+    unit_users: bool = True          # a user's block set to a fixed length (False: the plain
+                                     # sum, whose share grows with the user's history)
 
     def __post_init__(self) -> None:
         if self.rank < 0 or (self.weight is not None and self.weight < 0) or self.max_items < 2 \
@@ -70,6 +76,8 @@ class CollaborativeBlock:
 
     def __post_init__(self) -> None:
         self.row = {n: i for i, n in enumerate(self.items)}
+        # the length of a user's block; None (checkpoints fitted before it existed): the sum
+        self.user_norm = self.settings.get("user_norm")
         self.action_mask = np.zeros(max(self.actions, default=0) + 1, bool)
         self.action_mask[list(self.actions)] = True
 
@@ -81,7 +89,7 @@ class CollaborativeBlock:
         """(len(nodes), rank) blocks of `nodes`, whose adjacencies `edges` holds (same order):
         an item its `key` row, a query-type node the sum of `query` rows over the distinct
         vocabulary items it engaged with a counted action (edges that existed at `cutoff`,
-        None: all), anything else zeros."""
+        None: all), set to length `user_norm` when the block has one, anything else zeros."""
         if edges.nodes != tuple(nodes):
             raise ValueError("the adjacencies are not those of the nodes to embed")
         out = np.zeros((len(nodes), self.rank), np.float32)
@@ -105,7 +113,7 @@ class CollaborativeBlock:
                               shape=(len(nodes), len(self.items)))
             x.sum_duplicates()
             x.data[:] = 1.0
-            out[is_query] = (x @ self.query)[is_query]
+            out[is_query] = user_rows(x, self.query, self.user_norm)[is_query]
         return out
 
     def manifest(self) -> dict:
@@ -124,6 +132,16 @@ class CollaborativeBlock:
         return cls(items, np.asarray(query, np.float32), np.asarray(key, np.float32),
                    tuple(int(a) for a in manifest["actions"]), tuple(manifest["query_types"]),
                    dict(manifest.get("settings", {})))
+
+
+def user_rows(x: sp.csr_matrix, query: np.ndarray, norm: float | None) -> np.ndarray:
+    """Users' blocks: the binary users x items `x` times `query`, each non-zero row set to
+    length `norm` (None: left as the sum)."""
+    rows = np.asarray(x @ query, np.float32)
+    if norm is not None:
+        length = np.linalg.norm(rows, axis=1, keepdims=True)
+        np.divide(rows * np.float32(norm), length, out=rows, where=length > 0)
+    return rows
 
 
 def ease_weights(x: sp.csr_matrix, lam: float) -> np.ndarray:
@@ -228,11 +246,12 @@ class Holdout:
         return max(tried, key=tried.get), tried
 
     def choose_weight(self, encoder_scores: np.ndarray, lam: float, rank: int,
-                      grid: Sequence[float]) -> tuple[float, dict[float, float]]:
+                      grid: Sequence[float], unit_users: bool = True) -> tuple[float, dict[float, float]]:
         """The block's weight against `encoder_scores` ((judged, items), from a model that had
-        seen nothing from `at` on) with the best holdout Recall@20 of their sum."""
+        seen nothing from `at` on) with the best holdout Recall@20 of their sum; users' blocks
+        of unit length with `unit_users`, as `fit` serves them."""
         q, k = truncated(ease_weights(self.before, lam), rank)
-        block = np.asarray(self.before[self.judged] @ q) @ k.T
+        block = user_rows(self.before[self.judged], q, 1.0 if unit_users else None) @ k.T
         spread = float(np.std(block)) or 1.0
         unit = float(np.std(encoder_scores)) / spread
         tried = {w: self.recall(encoder_scores + w * unit * block) for w in grid}
@@ -240,16 +259,19 @@ class Holdout:
 
 
 def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
-        query_types: Sequence[str], settings: Mapping | None = None) -> CollaborativeBlock | None:
+        query_types: Sequence[str], settings: Mapping | None = None,
+        unit_users: bool = True) -> CollaborativeBlock | None:
     """EASE^R with `lam` on all of `data`, truncated to `rank` (at most items - 1), unscaled
-    (`scaled` sets its weight). None when there is nothing to fit."""
+    (`scaled` sets its weight); users' blocks of unit length with `unit_users`. None when
+    there is nothing to fit."""
     if rank == 0 or len(data.items) < 2 or not data.pairs:
         return None
     rank = min(rank, len(data.items) - 1)
     q, k = truncated(ease_weights(data.matrix(), lam), rank)
+    extra = {"user_norm": 1.0} if unit_users else {}
     return CollaborativeBlock(tuple(data.items), q, k, tuple(sorted(actions)), tuple(query_types),
                               dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
-                                   users=len(data.users)))
+                                   users=len(data.users), **extra))
 
 
 def scaled(block: CollaborativeBlock, encoder_scores: np.ndarray, block_scores: np.ndarray,
@@ -261,6 +283,8 @@ def scaled(block: CollaborativeBlock, encoder_scores: np.ndarray, block_scores: 
     c = weight * float(np.std(encoder_scores)) / spread if spread > 0 else 0.0
     root = np.float32(np.sqrt(c))
     settings = dict(block.settings, scale=round(c, 6), weight=weight)
+    if block.user_norm is not None:
+        settings["user_norm"] = float(block.user_norm * root)
     return CollaborativeBlock(block.items, block.query * root, block.key * root, block.actions,
                               block.query_types, settings)
 

@@ -65,7 +65,8 @@ class CollaborativeFit:
             with state_of([e for e in self.events if e.ts <= cutoff], self.schema) as sampler:
                 eu = embed(student, sampler, users, cutoff, student.cfg, texts, dev)
                 ei = embed(student, sampler, list(self.data.items), cutoff, student.cfg, texts, dev)
-            weight, w_tried = h.choose_weight(eu @ ei.T, lam, rank, self.cfg.weight_grid)
+            weight, w_tried = h.choose_weight(eu @ ei.T, lam, rank, self.cfg.weight_grid,
+                                               self.cfg.unit_users)
         self.choice = {"at": cutoff + 1, "usable": True, "l2": lam, "weight": weight,
                        "holdout_users": int(len(h.judged)),
                        "l2_recall@20": {str(k): round(v, 5) for k, v in l2_tried.items()},
@@ -87,7 +88,7 @@ class CollaborativeFit:
             choice = {"l2": lam, "weight": weight, "usable": False}
         codes = self.schema.action_codes()
         block = C.fit(self.data, choice["l2"], self.cfg.rank, [codes[a] for a in self.positive],
-                      (self.schema.user_type,), {"holdout": choice})
+                      (self.schema.user_type,), {"holdout": choice}, self.cfg.unit_users)
         if block is None:
             return None
         row = {n: i for i, n in enumerate(nodes)}

@@ -2,6 +2,7 @@
 user's block is the sum over the distinct items it engaged as of a cutoff, and the served
 embedding carries it through a checkpoint into serving."""
 import numpy as np
+import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
@@ -50,6 +51,15 @@ def test_a_block_scores_as_rank_truncated_ease_and_the_holdout_chooses_from_its_
     assert scaled.settings["scale"] == 2.0
     np.testing.assert_allclose(scaled.query @ scaled.key.T, 2 * block.query @ block.key.T,
                                rtol=1e-5, atol=1e-6)
+    # users' blocks have unit length before scaling; the served user-item scores double too
+    x = data.matrix()
+    assert block.user_norm == 1.0
+    np.testing.assert_allclose(np.linalg.norm(C.user_rows(x, block.query, 1.0), axis=1)[np.diff(x.indptr) > 0], 1.0,
+                               rtol=1e-5)
+    np.testing.assert_allclose(C.user_rows(x, scaled.query, scaled.user_norm) @ scaled.key.T,
+                               2 * C.user_rows(x, block.query, block.user_norm) @ block.key.T,
+                               rtol=1e-4, atol=1e-6)
+    assert C.fit(data, lam, 64, [3], ("user",), unit_users=False).user_norm is None
 
 
 def test_the_weight_follows_the_signal_the_holdout_rewards():
@@ -84,12 +94,16 @@ edge = st.tuples(st.integers(0, 7),            # neighbour: products 0-5 (6-7 ou
                  st.integers(0, 100))          # first event time
 
 
+@pytest.mark.parametrize("user_norm", [None, 2.5])
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(edge, max_size=12), min_size=1, max_size=5), st.integers(0, 110))
-def test_a_users_block_sums_its_distinct_counted_items_as_of_the_cutoff(adjacency, cutoff):
+def test_a_users_block_sums_its_distinct_counted_items_as_of_the_cutoff(user_norm, adjacency, cutoff):
+    """A user's block is the sum of the query rows of its distinct counted items, set to
+    length `user_norm` when the block has one (a user without such items: zeros)."""
     rng = np.random.default_rng(1)
     block = C.CollaborativeBlock(tuple(ITEMS), rng.standard_normal((6, 3)).astype(np.float32),
-                                 rng.standard_normal((6, 3)).astype(np.float32), (0, 1), ("user",))
+                                 rng.standard_normal((6, 3)).astype(np.float32), (0, 1), ("user",),
+                                 {} if user_norm is None else {"user_norm": user_norm})
     names = [f"user:{i}" for i in range(len(adjacency))] + ["product:2", "product:7", "advertiser:1"]
     actions = ["a0", "a1", "a2"]
     states = {}
@@ -104,6 +118,8 @@ def test_a_users_block_sums_its_distinct_counted_items_as_of_the_cutoff(adjacenc
         items = {int(nbr.split(":")[1]) for (nbr, act, _), (w, _, _, first) in states[n].edges.items()
                  if nbr in ITEMS and act in ("a0", "a1") and w > 0 and first <= cutoff}
         want = block.query[sorted(items)].sum(0) if items else np.zeros(3, np.float32)
+        if user_norm is not None and items:
+            want = want / np.linalg.norm(want) * user_norm
         np.testing.assert_allclose(got[i], want, atol=1e-5)
     np.testing.assert_array_equal(got[-3], block.key[2])      # an item: its own row
     assert not got[-2:].any()                                 # outside the vocabulary, other types
@@ -111,7 +127,8 @@ def test_a_users_block_sums_its_distinct_counted_items_as_of_the_cutoff(adjacenc
 
 def test_served_embeddings_carry_the_block_through_the_checkpoint(tiny_checkpoints, tiny_world):
     """The tiny successor checkpoint serves d_emb + rank coordinates: the encoder's, then a
-    user's block as the sum of its items' query rows; tokens cover the whole embedding."""
+    user's block as the sum of its items' query rows set to the block's user length; tokens
+    cover the whole embedding."""
     from hirflow.encoder.serving import ServingModel
     from hirflow.state.schema import SchemaConfig
     from hirflow.state.views import STUDENT, ViewSampler
@@ -140,7 +157,8 @@ def test_served_embeddings_carry_the_block_through_the_checkpoint(tiny_checkpoin
     d = model.encoder.cfg.d_emb
     assert emb.shape == (len(nodes), model.d) and tokens.shape == (len(nodes), model.m)
     np.testing.assert_array_equal(emb[len(users):, d:], model.collab.key[:5])
-    assert np.abs(emb[:len(users), d:]).sum(1).min() > 0     # every user engaged some item
+    # every user engaged some item: its block has the checkpoint's user length
+    np.testing.assert_allclose(np.linalg.norm(emb[:len(users), d:], axis=1), model.collab.user_norm, rtol=1e-4)
     try:
         model.encode(views, {})
     except ValueError as exc:
