@@ -6,8 +6,10 @@ Per data set (UCI Online Retail when its file is given, and the synthetic world)
 first 90 % of events in time, everything before the test window (or load the data set's
 checkpoint: `--checkpoint NAME=DIR`, e.g. those `bench/quality.py --out` keeps), replay the
 test window (the last 10 %) hour by hour, print a table and write `freshness_value.png`.
+`--window validation` replays the 10 % before it instead, training on (or requiring a
+checkpoint fitted on) the first 80 % only: the window on which model choices are made.
 
-    python bench/freshness_value.py [--quick] [--online-retail FILE] [--out DIR]
+    python bench/freshness_value.py [--quick] [--online-retail FILE] [--window test|validation] [--out DIR]
 
 --quick: the synthetic world only, small, a few training steps: checks the pipeline.
 The last line printed is one JSON object of the figures.
@@ -38,20 +40,25 @@ warnings.filterwarnings("ignore")
 
 def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
     w = chronological_windows([e.ts for e in evs], train=0.8, val=0.1)
-    texts = world_knowledge(ents, w.end, encode) if encode is not None and ents else None
+    lo, hi = (w.val_end, w.end + 1) if a.window == "test" else (w.train_end, w.val_end)
+    texts = world_knowledge(ents, hi - 1, encode) if encode is not None and ents else None
     if name in a.checkpoints:
         ck = a.checkpoints[name]
     else:
         enc = EncoderConfig.for_schema(schema, levels=(4, 16, 64) if a.quick else (16, 128, 1024))
         cfg = TrainConfig(seed=0, snapshot_chunks=0, max_steps_per_chunk=2 if a.quick else None)
-        ck = train([e for e in evs if e.ts < w.val_end], schema, enc, cfg, out / f"{name}-ck",
+        ck = train([e for e in evs if e.ts < lo], schema, enc, cfg, out / f"{name}-ck",
                    texts=texts, progress=not a.quick)
     model, block, manifest = load_served(ck)
     fitted = manifest.manifest.get("data_window")
-    cutoff = fitted[1] + 1 if fitted else w.train_end       # "never": as the checkpoint was fitted
+    if fitted and fitted[1] >= lo:
+        raise SystemExit(f"{name}: the checkpoint was fitted on events up to {fitted[1]}, inside the "
+                         f"{a.window} window (from {lo}); for the validation window use one fitted on "
+                         "the training window only (bench/quality.py --no-fit-validation --out DIR)")
+    cutoff = fitted[1] + 1 if fitted else lo                 # "never": as the checkpoint was fitted
     acts = deep_funnel_actions(schema) if name == "online_retail" else positive_actions(schema)
     t = time.perf_counter()
-    res = freshness_value(model, evs, schema, cutoff, w.val_end, w.end + 1, acts, item_types(schema),
+    res = freshness_value(model, [e for e in evs if e.ts < hi], schema, cutoff, lo, hi, acts, item_types(schema),
                           texts=texts, block=block,
                           progress=lambda i, n: print(f"  {name}: day {i}/{n}", end="\r", flush=True))
     res["seconds"] = round(time.perf_counter() - t, 1)
@@ -93,6 +100,9 @@ def main() -> None:
                          "training; repeatable; a bare DIR needs --only")
     ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
                     help="MiniLM texts as world knowledge (default: on, off with --quick)")
+    ap.add_argument("--window", choices=["test", "validation"], default="test",
+                    help="the window replayed (default: test, the last 10 %%); validation: the 10 %% "
+                         "before it, scored with checkpoints fitted on the training window only")
     ap.add_argument("--out", type=Path, default=Path("var/freshness_value"))
     a = ap.parse_args()
     a.checkpoints = {}

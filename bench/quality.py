@@ -10,7 +10,8 @@ and LightGCN-style propagation, each tuned on the validation window (the 10 % be
 Reports Recall@20 / NDCG@20 with 95 % intervals, the paired ratio to the best baseline,
 training time and peak memory.
 
-    python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--device cpu|cuda] [--seed N]
+    python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--no-unit-users]
+                            [--device cpu|cuda] [--seed N]
 
 The Online Retail file (`online_retail.csv.gz`, see `streams/adapters/online_retail.py`) is
 read from --online-retail or $HIRFLOW_ONLINE_RETAIL; without it that data set is skipped.
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from hirflow.encoder.collaborative import CollaborativeConfig  # noqa: E402
 from hirflow.encoder.model import EncoderConfig  # noqa: E402
 from hirflow.state.events import Engagement, Validator  # noqa: E402
 from hirflow.state.schema import SchemaConfig  # noqa: E402
@@ -83,7 +85,8 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
     levels = (4, 16, 64) if a.quick else (16, 128, 1024)
     enc = EncoderConfig.for_schema(schema, levels=levels, score_bias=a.score_bias)
     cfg = TrainConfig(seed=a.seed, passes=a.passes, snapshot_chunks=0,
-                      max_steps_per_chunk=2 if a.quick else None)
+                      max_steps_per_chunk=2 if a.quick else None,
+                      collaborative=CollaborativeConfig(unit_users=a.unit_users))
     stats: dict = {}
     t = time.perf_counter()
     ck = train(train_evs, schema, enc, cfg, out / f"{name}-ck", texts=texts, device=a.device,
@@ -146,6 +149,9 @@ def main() -> None:
                          "training window only")
     ap.add_argument("--score-bias", action=argparse.BooleanOptionalAction, default=True,
                     help="the embedding's score coordinate (a learned item bias; default: on)")
+    ap.add_argument("--unit-users", action=argparse.BooleanOptionalAction, default=True,
+                    help="users' collaborative blocks of fixed length (default: on); off: their "
+                         "plain sums, whose share of the score grows with a user's history")
     ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
                     help="MiniLM texts as world knowledge (default: on, off with --quick)")
     ap.add_argument("--device", choices=["cpu", "cuda"])

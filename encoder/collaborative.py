@@ -10,9 +10,10 @@ the checkpoint, and a user's block is the sum of the `query` rows of the items i
 adjacency: it moves with every purchase the worker applies, which is what makes a fresh
 user embedding rank better than a stale one. That sum is then set to a fixed length
 (`user_norm`): a user's ranking by the block alone does not change, but the block's share of
-the served score stops growing with the length of the user's history (on Online Retail the
-median user has 62 items and the longest 1,626, while the encoder's per-user score spread
-varies by a third), so one weight serves light and heavy users alike.
+the served score stops growing with the length of the user's history (of the users judged
+on Online Retail's validation window the median has 62 items, the longest 1,626, while the
+encoder's per-user score spread varies by a third), so one weight serves light and heavy
+users alike.
 
 Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes
 live in the first d_emb coordinates only. Nodes of other types, and items outside the

@@ -1,9 +1,8 @@
 """The collaborative block: its inner products are EASE^R's scores (exact at full rank), a
-user's block is the sum over the distinct items it engaged as of a cutoff, and the served
-embedding carries it through a checkpoint into serving."""
+user's block is the sum over the distinct items it engaged as of a cutoff, set to a fixed
+length, and the served embedding carries it through a checkpoint into serving."""
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
 from hirflow.encoder import collaborative as C
