@@ -11,7 +11,7 @@ Reports Recall@20 / NDCG@20 with 95 % intervals, the paired ratio to the best ba
 training time and peak memory.
 
     python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--no-unit-users]
-                            [--device cpu|cuda] [--seed N]
+                            [--weight-rule best|one_se] [--device cpu|cuda] [--seed N]
 
 The Online Retail file (`online_retail.csv.gz`, see `streams/adapters/online_retail.py`) is
 read from --online-retail or $HIRFLOW_ONLINE_RETAIL; without it that data set is skipped.
@@ -86,7 +86,7 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
     enc = EncoderConfig.for_schema(schema, levels=levels, score_bias=a.score_bias)
     cfg = TrainConfig(seed=a.seed, passes=a.passes, snapshot_chunks=0,
                       max_steps_per_chunk=2 if a.quick else None,
-                      collaborative=CollaborativeConfig(unit_users=a.unit_users))
+                      collaborative=CollaborativeConfig(unit_users=a.unit_users, weight_rule=a.weight_rule))
     stats: dict = {}
     t = time.perf_counter()
     ck = train(train_evs, schema, enc, cfg, out / f"{name}-ck", texts=texts, device=a.device,
@@ -152,6 +152,9 @@ def main() -> None:
     ap.add_argument("--unit-users", action=argparse.BooleanOptionalAction, default=True,
                     help="users' collaborative blocks of fixed length (default: on); off: their "
                          "plain sums, whose share of the score grows with a user's history")
+    ap.add_argument("--weight-rule", choices=["best", "one_se"], default="best",
+                    help="how the trainer's holdout picks the block's weight: the best (default), "
+                         "or the lightest within one standard error of the best")
     ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
                     help="MiniLM texts as world knowledge (default: on, off with --quick)")
     ap.add_argument("--device", choices=["cpu", "cuda"])

@@ -6,8 +6,9 @@ test: EASE^R's lambda and the block's weight against the encoder. The holdout st
 first time chunk that begins in the window's last `holdout` share of positive engagements.
 The trainer visits chunks in time order, so when it reaches that chunk the student has seen
 nothing from the holdout; `choose` then embeds the holdout's users and the vocabulary's items
-as of the chunk's start, from a store of the events before it, and picks the weight whose
-sum of scores ranks the holdout's new items best. The choice is kept in the resume snapshot.
+as of the chunk's start, from a store of the events before it, and picks the weight by how
+well the sum of scores ranks the holdout's new items (the best by default, or the lightest
+within one standard error of the best: `CollaborativeConfig.weight_rule`). The choice is kept in the resume snapshot.
 After training, `block` refits EASE^R on the whole window with the chosen lambda and scales
 it against the final encoder's scores.
 """
@@ -66,7 +67,7 @@ class CollaborativeFit:
                 eu = embed(student, sampler, users, cutoff, student.cfg, texts, dev)
                 ei = embed(student, sampler, list(self.data.items), cutoff, student.cfg, texts, dev)
             weight, w_tried = h.choose_weight(eu @ ei.T, lam, rank, self.cfg.weight_grid,
-                                               self.cfg.unit_users)
+                                               self.cfg.unit_users, self.cfg.weight_rule)
         self.choice = {"at": cutoff + 1, "usable": True, "l2": lam, "weight": weight,
                        "holdout_users": int(len(h.judged)),
                        "l2_recall@20": {str(k): round(v, 5) for k, v in l2_tried.items()},

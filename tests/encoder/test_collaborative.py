@@ -37,7 +37,7 @@ def test_a_block_scores_as_rank_truncated_ease_and_the_holdout_chooses_from_its_
     assert not any(h.before[u, t].sum() for u, t in zip(h.judged, h.truth))
     lam, tried = h.choose_l2((1.0, 10.0, 100.0))
     assert set(tried) == {1.0, 10.0, 100.0} and tried[lam] == max(tried.values())
-    w, w_tried = h.choose_weight(np.zeros((len(h.judged), 6)), lam, 3, (0.5, 2.0))
+    w, w_tried = h.choose_weight(np.zeros((len(h.judged), 6)), lam, 3, (0.5, 2.0), rule="best")
     assert w in (0.5, 2.0) and w_tried[w] == max(w_tried.values())
 
     block = C.fit(data, lam, 64, [3], ("user",))
@@ -73,9 +73,34 @@ def test_the_weight_follows_the_signal_the_holdout_rewards():
     oracle = np.zeros((len(h.judged), n))
     for i, t in enumerate(h.truth):
         oracle[i, t] = 1.0
-    assert h.choose_weight(oracle, 10.0, 16, (0.01, 100.0))[0] == 0.01
+    assert h.choose_weight(oracle, 10.0, 16, (0.01, 100.0), rule="best")[0] == 0.01
     noise = rng.standard_normal((len(h.judged), n))
-    assert h.choose_weight(noise, 10.0, 16, (0.01, 100.0))[0] == 100.0
+    assert h.choose_weight(noise, 10.0, 16, (0.01, 100.0), rule="best")[0] == 100.0
+    # clear differences: the one-standard-error rule agrees with the best
+    assert h.choose_weight(oracle, 10.0, 16, (0.01, 100.0), rule="one_se")[0] == 0.01
+    assert h.choose_weight(noise, 10.0, 16, (0.01, 100.0), rule="one_se")[0] == 100.0
+
+
+def test_the_one_standard_error_rule_takes_the_lightest_weight_level_with_the_best():
+    """Encoder scores that are the block's own plus noise: heavier weights rank a little
+    better; "one_se" takes the lightest weight within one standard error (of the per-user
+    difference) of the best, and no lighter weight is within it."""
+    rng = np.random.default_rng(2)
+    data = C.Interactions.of(engagements(rng, users=300, per_user=6, groups=8, per_group=8),
+                             ("user",), ("product",), max_items=100)
+    h = C.Holdout.at_time(data, data.quantile_time(0.7))
+    q, k = C.truncated(C.ease_weights(h.before, 10.0), 16)
+    block = C.user_rows(h.before[h.judged], q, 1.0) @ k.T
+    grid = (0.25, 0.5, 1.0, 2.0, 4.0)
+    enc = block + 2 * block.std() * np.random.default_rng(5).standard_normal(block.shape)
+    best, tried = h.choose_weight(enc, 10.0, 16, grid, rule="best")
+    lightest, _ = h.choose_weight(enc, 10.0, 16, grid, rule="one_se")
+    assert lightest < best and tried[best] == max(tried.values())
+    unit = enc.std() / block.std()
+    per = {w: h.per_user(enc + w * unit * block) for w in grid}
+    se = {w: np.std(per[w] - per[best], ddof=1) / np.sqrt(len(per[w])) for w in grid}
+    assert tried[lightest] >= tried[best] - se[lightest]
+    assert all(tried[w] < tried[best] - se[w] for w in grid if w < lightest)
 
 
 def test_nothing_to_fit_gives_no_block():
@@ -176,3 +201,8 @@ def test_large_catalogues_truncate_with_arpack_to_the_same_product():
     q, k = C.truncated(b, r)
     assert q.shape == k.shape == (n, r)
     np.testing.assert_allclose(q @ k.T, low, atol=1e-6)       # the noise is 1e-4 / n
+
+
+def test_an_unknown_weight_rule_is_refused():
+    with pytest.raises(ValueError, match="weight_rule"):
+        C.CollaborativeConfig(weight_rule="median")
