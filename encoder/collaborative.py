@@ -179,7 +179,8 @@ def truncated(b: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
     return (u * root).astype(np.float32), (vt.T * root).astype(np.float32)
 
 
-def recall_at(scores: np.ndarray, seen: sp.csr_matrix, truth: Sequence[np.ndarray], k: int = 20) -> np.ndarray:
+def recall_at(scores: np.ndarray, seen: sp.csr_matrix, truth: Sequence[np.ndarray],
+              k: int = 20) -> np.ndarray:
     """Per-row Recall@k of `truth` (item indices per row) ranking `scores`, `seen` items masked."""
     scores = np.array(scores, np.float64)
     scores[seen.nonzero()] = -np.inf

@@ -8,9 +8,9 @@ The trainer visits chunks in time order, so when it reaches that chunk the stude
 nothing from the holdout; `choose` then embeds the holdout's users and the vocabulary's items
 as of the chunk's start, from a store of the events before it, and picks the weight by how
 well the sum of scores ranks the holdout's new items (the best by default, or the lightest
-within one standard error of the best: `CollaborativeConfig.weight_rule`). The choice is kept in the resume snapshot.
-After training, `block` refits EASE^R on the whole window with the chosen lambda and scales
-it against the final encoder's scores.
+within one standard error of the best: `CollaborativeConfig.weight_rule`). The choice is
+kept in the resume snapshot. After training, `block` refits EASE^R on the whole window with
+the chosen lambda and scales it against the final encoder's scores.
 """
 from __future__ import annotations
 

@@ -53,8 +53,8 @@ def test_a_block_scores_as_rank_truncated_ease_and_the_holdout_chooses_from_its_
     # users' blocks have unit length before scaling; the served user-item scores double too
     x = data.matrix()
     assert block.user_norm == 1.0
-    np.testing.assert_allclose(np.linalg.norm(C.user_rows(x, block.query, 1.0), axis=1)[np.diff(x.indptr) > 0], 1.0,
-                               rtol=1e-5)
+    lengths = np.linalg.norm(C.user_rows(x, block.query, 1.0), axis=1)
+    np.testing.assert_allclose(lengths[np.diff(x.indptr) > 0], 1.0, rtol=1e-5)
     np.testing.assert_allclose(C.user_rows(x, scaled.query, scaled.user_norm) @ scaled.key.T,
                                2 * C.user_rows(x, block.query, block.user_norm) @ block.key.T,
                                rtol=1e-4, atol=1e-6)
@@ -182,7 +182,8 @@ def test_served_embeddings_carry_the_block_through_the_checkpoint(tiny_checkpoin
     assert emb.shape == (len(nodes), model.d) and tokens.shape == (len(nodes), model.m)
     np.testing.assert_array_equal(emb[len(users):, d:], model.collab.key[:5])
     # every user engaged some item: its block has the checkpoint's user length
-    np.testing.assert_allclose(np.linalg.norm(emb[:len(users), d:], axis=1), model.collab.user_norm, rtol=1e-4)
+    np.testing.assert_allclose(np.linalg.norm(emb[:len(users), d:], axis=1), model.collab.user_norm,
+                               rtol=1e-4)
     try:
         model.encode(views, {})
     except ValueError as exc:
