@@ -8,17 +8,22 @@ items as x_u B. Truncated to rank r (B ~= U S V^T), the score splits into an inn
 x_u B ~= (x_u U S^1/2) . (V S^1/2)_item. So an item's block is its row of V S^1/2, fixed by
 the checkpoint, and a user's block is the sum of the `query` rows of the items in the user's
 adjacency: it moves with every purchase the worker applies, which is what makes a fresh
-user embedding rank better than a stale one. That sum is then set to a fixed length
+user embedding rank better than a stale one. Each item's row is weighted by how recently the
+user last engaged it, exp((t_item - t_latest) / tau) with `recency_days` = tau (0: all alike):
+a user's last months say more about the next purchase than the year before them, and since
+the weights are relative to the user's own latest engagement a user's block changes only when
+the user acts, never with the clock. That sum is then set to a fixed length
 (`user_norm`): a user's ranking by the block alone does not change, but the block's share of
 the served score stops growing with the length of the user's history (of the users judged
 on Online Retail's validation window the median has 62 items, the longest 1,626, while the
 encoder's per-user score spread varies by a third), so one weight serves light and heavy
-users alike.
+users alike. EASE^R itself is fitted on the binary matrix; the recency weighting is the
+query side's only.
 
 Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes
 live in the first d_emb coordinates only. Nodes of other types, and items outside the
 block's vocabulary (new items, or past `max_items`), get zeros: they rank by the encoder's
-coordinates alone, as a cold item must. Lambda and the block's weight against the encoder's
+coordinates alone, as a cold item must. Lambda, tau and the block's weight against the encoder's
 score (`weight`: the block's score spread over the encoder's) are chosen by the trainer on a
 holdout of its own window (`trainer.collaborative_fit`); docs/evaluation.md has the
 validation figures behind the rank and the grids.
@@ -40,6 +45,7 @@ from hirflow.state.schema import node_type
 FILE = "collaborative.json"          # the block's vocabulary and settings, beside the weights
 QUERY, KEY = "collab.query", "collab.key"     # its (I, rank) matrices in weights.safetensors
 WEIGHT_RULES = ("best", "one_se")
+DAY_MS = 86_400_000
 
 
 @dataclass(frozen=True)
@@ -62,15 +68,21 @@ class CollaborativeConfig:
                                      # lightest within one standard error of the best (1.10x
                                      # "best" on Online Retail's validation, 0.88x on its test
                                      # window: docs/evaluation.md)
+    recency_days: float | None = None    # tau of a user's item weights (0: all alike; None:
+                                         # chosen on the holdout from `recency_grid`)
+    recency_grid: tuple[float, ...] = (0.0, 30.0, 60.0, 120.0, 240.0)
 
     def __post_init__(self) -> None:
         if self.rank < 0 or (self.weight is not None and self.weight < 0) or self.max_items < 2 \
                 or not 0 < self.holdout < 1 or not self.l2_grid or min(self.l2_grid) <= 0 \
                 or not self.weight_grid or min(self.weight_grid) < 0 \
-                or self.weight_rule not in WEIGHT_RULES:
+                or self.weight_rule not in WEIGHT_RULES \
+                or (self.recency_days is not None and self.recency_days < 0) \
+                or not self.recency_grid or min(self.recency_grid) < 0:
             raise ValueError("collaborative: rank >= 0, weight >= 0 or None, max_items >= 2, "
                              "holdout in (0, 1), non-empty l2_grid (> 0) and weight_grid (>= 0), "
-                             f"weight_rule one of {WEIGHT_RULES}")
+                             f"weight_rule one of {WEIGHT_RULES}, recency_days >= 0 or None, "
+                             "non-empty recency_grid (>= 0)")
 
 
 @dataclass
@@ -86,6 +98,8 @@ class CollaborativeBlock:
         self.row = {n: i for i, n in enumerate(self.items)}
         # the length of a user's block; None (checkpoints fitted before it existed): the sum
         self.user_norm = self.settings.get("user_norm")
+        # tau of a user's item weights in days; 0 (and checkpoints fitted before it): all alike
+        self.recency_days = float(self.settings.get("recency_days") or 0.0)
         self.action_mask = np.zeros(max(self.actions, default=0) + 1, bool)
         self.action_mask[list(self.actions)] = True
 
@@ -97,7 +111,9 @@ class CollaborativeBlock:
         """(len(nodes), rank) blocks of `nodes`, whose adjacencies `edges` holds (same order):
         an item its `key` row, a query-type node the sum of `query` rows over the distinct
         vocabulary items it engaged with a counted action (edges that existed at `cutoff`,
-        None: all), set to length `user_norm` when the block has one, anything else zeros."""
+        None: all), each weighted by the recency of its last such engagement (an edge's
+        `t_ref`, at most `cutoff`) when the block has a `recency_days`, set to length
+        `user_norm` when it has one, anything else zeros."""
         if edges.nodes != tuple(nodes):
             raise ValueError("the adjacencies are not those of the nodes to embed")
         out = np.zeros((len(nodes), self.rank), np.float32)
@@ -116,11 +132,10 @@ class CollaborativeBlock:
             keep = counted & (nbr_row >= 0) & is_query[owner] & (edges.w > 0)
             if cutoff is not None:
                 keep &= edges.first <= cutoff
-            # one per (node, item): several actions or both directions count once
-            x = sp.csr_matrix((np.ones(int(keep.sum()), np.float32), (owner[keep], nbr_row[keep])),
-                              shape=(len(nodes), len(self.items)))
-            x.sum_duplicates()
-            x.data[:] = 1.0
+            t = edges.t_ref[keep] if cutoff is None else np.minimum(edges.t_ref[keep], cutoff)
+            # one per (node, item): several actions or both directions count once, at the latest
+            x = recency_weighted(owner[keep], nbr_row[keep], t, (len(nodes), len(self.items)),
+                                 self.recency_days)
             out[is_query] = user_rows(x, self.query, self.user_norm)[is_query]
         return out
 
@@ -142,8 +157,30 @@ class CollaborativeBlock:
                    dict(manifest.get("settings", {})))
 
 
+def recency_weighted(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape,
+                     days: float) -> sp.csr_matrix:
+    """Users x items weights of engagements (`rows`, `cols`) at times `t` (ms): one entry per
+    pair, exp((its latest t - the row's latest t) / `days`), so 1 for a user's latest item;
+    1 everywhere when `days` is 0. Relative to the row's own latest time, not to a clock."""
+    rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+    t = np.asarray(t, np.float64)
+    if not len(t):
+        return sp.csr_matrix(shape, dtype=np.float32)
+    order = np.lexsort((t, cols, rows))                 # each pair's latest time sorts last
+    r, c, t = rows[order], cols[order], t[order]
+    last = np.r_[(r[1:] != r[:-1]) | (c[1:] != c[:-1]), True]
+    r, c, t = r[last], c[last], t[last]
+    if days:
+        latest = np.full(shape[0], -np.inf)
+        np.maximum.at(latest, r, t)
+        g = np.exp((t - latest[r]) / (days * DAY_MS))
+    else:
+        g = np.ones(len(t))
+    return sp.csr_matrix((g.astype(np.float32), (r, c)), shape=shape)
+
+
 def user_rows(x: sp.csr_matrix, query: np.ndarray, norm: float | None) -> np.ndarray:
-    """Users' blocks: the binary users x items `x` times `query`, each non-zero row set to
+    """Users' blocks: the users x items weights `x` times `query`, each non-zero row set to
     length `norm` (None: left as the sum)."""
     rows = np.asarray(x @ query, np.float32)
     if norm is not None:
@@ -209,15 +246,22 @@ class Interactions:
 
     def matrix(self, before: int | None = None, since: int | None = None) -> sp.csr_matrix:
         """Binary users x items of the pairs with ts < `before` and ts >= `since`."""
+        return recency_weighted(*self.arrays(before, since), self.shape, 0.0)
+
+    def arrays(self, before: int | None = None, since: int | None = None):
+        """(user rows, item columns, times) of the pairs with ts < `before` and ts >= `since`."""
         row = {n: j for j, n in enumerate(self.items)}
         urow = {n: j for j, n in enumerate(self.users)}
-        sel = [(urow[u], row[i]) for u, i, t in self.pairs if i in row
+        sel = [(urow[u], row[i], t) for u, i, t in self.pairs if i in row
                and (before is None or t < before) and (since is None or t >= since)]
-        r, c = (np.array(x, np.int64) for x in zip(*sel)) if sel else (np.zeros(0, np.int64),) * 2
-        x = sp.csr_matrix((np.ones(len(r), np.float32), (r, c)), shape=(len(self.users), len(self.items)))
-        x.sum_duplicates()
-        x.data[:] = 1.0
-        return x
+        if not sel:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+        r, c, t = zip(*sel)
+        return np.array(r, np.int64), np.array(c, np.int64), np.array(t, np.float64)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.users), len(self.items)
 
     def quantile_time(self, share: float) -> int:
         return self.pairs[min(len(self.pairs) - 1, int(len(self.pairs) * share))][2]
@@ -225,20 +269,30 @@ class Interactions:
 
 @dataclass
 class Holdout:
-    """The window's split at `at`: what users had engaged before it (`before`), and the users
-    (`judged`, rows) who engaged items new to them from it on, with those items (`truth`)."""
+    """The window's split at `at`: what users had engaged before it (`before`; `history`: its
+    (user rows, item columns, times)), and the users (`judged`, rows) who engaged items new to
+    them from it on, with those items (`truth`)."""
     at: int
     before: sp.csr_matrix
     judged: np.ndarray
     truth: list[np.ndarray]
+    history: tuple = ()
 
     @classmethod
     def at_time(cls, data: Interactions, at: int) -> "Holdout":
-        before, after = data.matrix(before=at), data.matrix(since=at)
+        history = data.arrays(before=at)
+        before, after = recency_weighted(*history, data.shape, 0.0), data.matrix(since=at)
         new = (after - after.multiply(before)).tocsr()
         new.eliminate_zeros()
         judged = np.flatnonzero(np.diff(new.indptr) > 0)
-        return cls(at, before, judged, [new.indices[new.indptr[u]:new.indptr[u + 1]] for u in judged])
+        return cls(at, before, judged, [new.indices[new.indptr[u]:new.indptr[u + 1]] for u in judged],
+                   history)
+
+    def queries(self, days: float) -> sp.csr_matrix:
+        """The judged users' item weights before `at`, recency-weighted with tau `days`."""
+        if not days or not self.history:
+            return self.before[self.judged]
+        return recency_weighted(*self.history, self.before.shape, days)[self.judged]
 
     @property
     def usable(self) -> bool:
@@ -258,16 +312,24 @@ class Holdout:
                  for lam in grid}
         return max(tried, key=tried.get), tried
 
+    def choose_recency(self, lam: float, grid: Sequence[float]) -> tuple[float, dict[float, float]]:
+        """The tau (days; 0: all items alike) of users' item weights with the best holdout
+        Recall@20 of the block alone (EASE^R with `lam`, full rank); ties go to the first."""
+        b = ease_weights(self.before, lam)
+        tried = {days: self.recall(np.asarray(self.queries(days) @ b)) for days in grid}
+        return max(tried, key=tried.get), tried
+
     def choose_weight(self, encoder_scores: np.ndarray, lam: float, rank: int,
                       grid: Sequence[float], unit_users: bool = True,
-                      rule: str = "best") -> tuple[float, dict[float, float]]:
+                      rule: str = "best", recency_days: float = 0.0) -> tuple[float, dict[float, float]]:
         """The block's weight against `encoder_scores` ((judged, items), from a model that had
         seen nothing from `at` on) by the holdout Recall@20 of their sum: the best (`rule`
         "best"), or the lightest whose Recall@20 is within one standard error of the best's
         ("one_se": the standard error of the per-user difference to the best); users' blocks
-        of unit length with `unit_users`, as `fit` serves them."""
+        of unit length with `unit_users` and items weighted by `recency_days`, as `fit` serves
+        them."""
         q, k = truncated(ease_weights(self.before, lam), rank)
-        block = user_rows(self.before[self.judged], q, 1.0 if unit_users else None) @ k.T
+        block = user_rows(self.queries(recency_days), q, 1.0 if unit_users else None) @ k.T
         spread = float(np.std(block)) or 1.0
         unit = float(np.std(encoder_scores)) / spread
         per = {w: self.per_user(encoder_scores + w * unit * block) for w in grid}
@@ -282,10 +344,10 @@ class Holdout:
 
 def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
         query_types: Sequence[str], settings: Mapping | None = None,
-        unit_users: bool = True) -> CollaborativeBlock | None:
+        unit_users: bool = True, recency_days: float = 0.0) -> CollaborativeBlock | None:
     """EASE^R with `lam` on all of `data`, truncated to `rank` (at most items - 1), unscaled
-    (`scaled` sets its weight); users' blocks of unit length with `unit_users`. None when
-    there is nothing to fit."""
+    (`scaled` sets its weight); users' blocks of unit length with `unit_users`, their items
+    weighted by recency with tau `recency_days` (0: alike). None when there is nothing to fit."""
     if rank == 0 or len(data.items) < 2 or not data.pairs:
         return None
     rank = min(rank, len(data.items) - 1)
@@ -293,7 +355,7 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
     extra = {"user_norm": 1.0} if unit_users else {}
     return CollaborativeBlock(tuple(data.items), q, k, tuple(sorted(actions)), tuple(query_types),
                               dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
-                                   users=len(data.users), **extra))
+                                   users=len(data.users), recency_days=float(recency_days), **extra))
 
 
 def scaled(block: CollaborativeBlock, encoder_scores: np.ndarray, block_scores: np.ndarray,

@@ -157,6 +157,9 @@ class TrainSection:
                                         # (low-rank EASE^R over users' items; 0: none)
     collaborative_weight: float | None = None   # its score spread over the encoder's
                                         # (unset: chosen on the training window's last 10 %)
+    collaborative_recency_days: float | None = None   # tau of the recency weights of a
+                                        # user's items in its block (0: all alike; unset: chosen
+                                        # on the training window's last 10 %)
     sample_workers: int = 1             # threads sampling views ahead of the model (0: inline)
     knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
     announce: bool = True               # announce each complete checkpoint on hirflow.checkpoints
@@ -166,8 +169,10 @@ class TrainSection:
             raise ValueError(f"train.train_share must be in (0, 1), got {self.train_share}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"train.objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.collaborative_rank < 0 or (self.collaborative_weight or 0) < 0:
-            raise ValueError("train.collaborative_rank and collaborative_weight must be >= 0")
+        if self.collaborative_rank < 0 or (self.collaborative_weight or 0) < 0 \
+                or (self.collaborative_recency_days or 0) < 0:
+            raise ValueError("train.collaborative_rank, collaborative_weight and "
+                             "collaborative_recency_days must be >= 0")
         if self.passes < 1 or self.sample_workers < 0 or self.min_steps < 0 \
                 or (self.rounds is not None and self.rounds < 1) \
                 or (self.steps_per_chunk is not None and self.steps_per_chunk < 1):

@@ -25,7 +25,8 @@ def run_options(cfg: HirflowConfig, resume: bool = False, log_path: str | None =
     train = TrainConfig(**{f: getattr(tc, k) for k, f in TRAIN_FIELDS.items()},
                         quantizer=QuantizerConfig(**dataclasses.asdict(cfg.quantizer)),
                         collaborative=CollaborativeConfig(rank=tc.collaborative_rank,
-                                                          weight=tc.collaborative_weight),
+                                                          weight=tc.collaborative_weight,
+                                                          recency_days=tc.collaborative_recency_days),
                         log_path=log_path)
     return RunOptions(train_share=tc.train_share, fit_validation=tc.fit_validation,
                       window_s=parse_duration(tc.window) if tc.window else None,

@@ -1,6 +1,7 @@
 """The collaborative block: its inner products are EASE^R's scores (exact at full rank), a
-user's block is the sum over the distinct items it engaged as of a cutoff, set to a fixed
-length, and the served embedding carries it through a checkpoint into serving."""
+user's block is the sum over the distinct items it engaged as of a cutoff, weighted by how
+recently it engaged each, set to a fixed length, and the served embedding carries it through
+a checkpoint into serving."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -103,6 +104,38 @@ def test_the_one_standard_error_rule_takes_the_lightest_weight_level_with_the_be
     assert all(tried[w] < tried[best] - se[w] for w in grid if w < lightest)
 
 
+def test_recency_weights_follow_a_users_own_latest_engagement():
+    """One entry per (user, item) at its latest time, weighted relative to the user's latest
+    item: shifting every time by the same amount changes nothing; tau 0 weighs all alike."""
+    rows, cols = np.array([0, 0, 0, 1, 1]), np.array([2, 2, 1, 0, 3])
+    t = np.array([5.0, 1.0, 3.0, 7.0, 7.0]) * C.DAY_MS
+    x = C.recency_weighted(rows, cols, t, (3, 4), 2.0).toarray()
+    np.testing.assert_allclose(x, [[0, np.exp(-1), 1, 0], [1, 0, 0, 1], [0, 0, 0, 0]], rtol=1e-6)
+    np.testing.assert_allclose(C.recency_weighted(rows, cols, t + 10 ** 12, (3, 4), 2.0).toarray(), x,
+                               rtol=1e-6)
+    assert (C.recency_weighted(rows, cols, t, (3, 4), 0.0).toarray() == (x > 0)).all()
+
+
+def test_the_holdout_weighs_recent_items_more_when_tastes_drift():
+    """Users who buy from one group of items, then move to another and stay there: the
+    holdout's new items are the second group's, so it prefers a short tau (weighing the first
+    group down) to weighing all alike. Groups of 40 items, so that Recall@20 can miss."""
+    rng = np.random.default_rng(3)
+    n_groups, per_group, day = 5, 40, C.DAY_MS
+    pairs = []
+    for u in range(300):
+        a = int(rng.integers(0, n_groups))
+        b = (a + 1 + int(rng.integers(0, n_groups - 1))) % n_groups
+        for k in range(6):                     # days 0-5 from group a, then from b (day 60 on)
+            for g, t in ((a, k), (b, 60 + 3 * k)):
+                pairs.append((f"user:{u}", f"product:{g * per_group + int(rng.integers(0, per_group))}",
+                              t * day))
+    data = C.Interactions.of(sorted(pairs, key=lambda p: p[2]), ("user",), ("product",), 200)
+    h = C.Holdout.at_time(data, data.quantile_time(0.75))
+    days, tried = h.choose_recency(10.0, (0.0, 5.0))
+    assert days == 5.0 and tried[5.0] > tried[0.0] + 0.05, tried
+
+
 def test_nothing_to_fit_gives_no_block():
     empty = C.Interactions.of([], ("user",), ("product",), 10)
     assert C.fit(empty, 10.0, 8, [0], ("user",)) is None
@@ -115,34 +148,43 @@ def test_nothing_to_fit_gives_no_block():
 edge = st.tuples(st.integers(0, 7),            # neighbour: products 0-5 (6-7 outside the vocabulary)
                  st.integers(0, 2),            # action code: 0 counts, 1 counts, 2 does not
                  st.floats(-1.0, 2.0),         # stored weight (negative: negative feedback)
-                 st.integers(0, 100))          # first event time
+                 st.integers(0, 100),          # first event time
+                 st.integers(0, 60))           # last event time (t_ref) after the first
 
 
-@pytest.mark.parametrize("user_norm", [None, 2.5])
+@pytest.mark.parametrize("user_norm,recency", [(None, 0.0), (2.5, 0.0), (2.5, 40 / C.DAY_MS)])
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(edge, max_size=12), min_size=1, max_size=5), st.integers(0, 110))
-def test_a_users_block_sums_its_distinct_counted_items_as_of_the_cutoff(user_norm, adjacency, cutoff):
-    """A user's block is the sum of the query rows of its distinct counted items, set to
-    length `user_norm` when the block has one (a user without such items: zeros)."""
+def test_a_users_block_sums_its_distinct_counted_items_as_of_the_cutoff(user_norm, recency, adjacency,
+                                                                         cutoff):
+    """A user's block is the sum of the query rows of its distinct counted items, each
+    weighted exp((its last time - the user's latest) / tau) when the block has a recency
+    (times as of the cutoff), set to length `user_norm` when it has one (a user without such
+    items: zeros)."""
     rng = np.random.default_rng(1)
+    settings_ = {} if user_norm is None else {"user_norm": user_norm}
     block = C.CollaborativeBlock(tuple(ITEMS), rng.standard_normal((6, 3)).astype(np.float32),
                                  rng.standard_normal((6, 3)).astype(np.float32), (0, 1), ("user",),
-                                 {} if user_norm is None else {"user_norm": user_norm})
+                                 dict(settings_, recency_days=recency) if recency else settings_)
     names = [f"user:{i}" for i in range(len(adjacency))] + ["product:2", "product:7", "advertiser:1"]
     actions = ["a0", "a1", "a2"]
     states = {}
     for n, edges in zip(names, adjacency):
         s = NodeState(n)
-        for nbr, act, w, first in edges:
-            s.edges[(f"product:{nbr}", actions[act], OUT)] = (w, first, 1, first)
+        for nbr, act, w, first, later in edges:
+            s.edges[(f"product:{nbr}", actions[act], OUT)] = (w, first + later, 1, first)
         states[n] = s
     cols = EdgeColumns.from_states(names, states, {a: i for i, a in enumerate(actions)})
     got = block.blocks(names, cols, cutoff)
     for i, n in enumerate(names[:len(adjacency)]):
-        items = {int(nbr.split(":")[1]) for (nbr, act, _), (w, _, _, first) in states[n].edges.items()
-                 if nbr in ITEMS and act in ("a0", "a1") and w > 0 and first <= cutoff}
-        want = block.query[sorted(items)].sum(0) if items else np.zeros(3, np.float32)
-        if user_norm is not None and items:
+        last: dict[int, int] = {}
+        for (nbr, act, _), (w, t_ref, _, first) in states[n].edges.items():
+            if nbr in ITEMS and act in ("a0", "a1") and w > 0 and first <= cutoff:
+                j = int(nbr.split(":")[1])
+                last[j] = max(last.get(j, -1), min(t_ref, cutoff))
+        weight = {j: np.exp((t - max(last.values())) / 40) if recency else 1.0 for j, t in last.items()}
+        want = sum((block.query[j] * weight[j] for j in last), np.zeros(3, np.float32))
+        if user_norm is not None and last:
             want = want / np.linalg.norm(want) * user_norm
         np.testing.assert_allclose(got[i], want, atol=1e-5)
     np.testing.assert_array_equal(got[-3], block.key[2])      # an item: its own row

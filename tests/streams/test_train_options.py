@@ -32,9 +32,11 @@ def test_file_then_env_then_flags(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('[train]\npasses = 3\nseed = 5\nwindow = "14d"\n'
                  '[encoder]\nd_model = 128\nlevels = [4, 16]\n[quantizer]\nm = 4\n')
-    cfg = load(file=f, env={"HIRFLOW_TRAIN__SEED": "6"}, overrides={"train.objective": "bce"})
+    cfg = load(file=f, env={"HIRFLOW_TRAIN__SEED": "6", "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_DAYS": "45"},
+               overrides={"train.objective": "bce"})
     opts = run_options(cfg)
     assert (opts.train.passes, opts.train.seed, opts.train.objective) == (3, 6, "bce")
+    assert opts.train.collaborative.recency_days == 45.0 and opts.train.collaborative.weight is None
     assert opts.window_s == 14 * 86400 and opts.train.quantizer.m == 4
     assert opts.encoder["d_model"] == 128 and tuple(opts.encoder["levels"]) == (4, 16)
 
@@ -42,7 +44,9 @@ def test_file_then_env_then_flags(tmp_path):
 @pytest.mark.parametrize("data, key", [({"train": {"pases": 2}}, "train.pases"),
                                        ({"encoder": {"d_model": 66}}, "n_heads"),
                                        ({"train": {"objective": "mse"}}, "objective"),
-                                       ({"quantizer": {"m": 0}}, "quantizer.m")])
+                                       ({"quantizer": {"m": 0}}, "quantizer.m"),
+                                       ({"train": {"collaborative_recency_days": -1}},
+                                        "collaborative_recency_days")])
 def test_a_bad_key_or_value_is_an_error_that_names_it(tmp_path, data, key):
     import json
     f = tmp_path / "c.json"
