@@ -10,7 +10,8 @@ faiss HNSW index on the same embeddings, all in the same run.
                              [--d 64] [--beam 1]
 
 Also times encoding 512 embeddings into tokens at the configured beam against the wide
-beam 4 (one thread): the cost of making tokens in every refresh batch.
+beam 4 and, for beam 1, against faiss's own beam search at width 1 (one thread): the cost of
+making tokens in every refresh batch.
 
 The last line printed is one JSON object of the figures.
 """
@@ -20,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -47,19 +49,30 @@ def timed(fn, queries):
 
 
 def encode_times(quant: BoMQuantizer, x: np.ndarray, reps: int = 7) -> dict:
-    """Median ms to make the tokens of `x` at the quantizer's beam, and its ratio to beam 4."""
-    threads = faiss.omp_get_max_threads()
+    """Median ms to make the tokens of `x` at the quantizer's beam, its ratio to beam 4 and,
+    at beam 1, to faiss's beam search at width 1 (which `BoMQuantizer` replaces there)."""
+    import torch
+    threads, torch_threads = faiss.omp_get_max_threads(), torch.get_num_threads()
     faiss.omp_set_num_threads(1)
-    beam, ms = quant.rq.max_beam_size, {}
+    torch.set_num_threads(1)
+    beam = quant.cfg.beam
+    wide = BoMQuantizer.from_codebooks(quant.codebooks_array(), replace(quant.cfg, beam=4))
+
+    def median_ms(fn) -> float:
+        return float(np.median([timed(lambda _: fn(), [None])[1][0] for _ in range(reps)]))
     try:
-        for b in (beam, 4):
-            quant.rq.max_beam_size = b
-            ms[b] = float(np.median([timed(lambda _: quant.tokens(x), [None])[1][0] for _ in range(reps)]))
+        ms = {beam: median_ms(lambda: quant.tokens(x)), 4: median_ms(lambda: wide.tokens(x))}
+        out = {"value": round(ms[beam], 2), "unit": "ms", "ratio_to_beam_4": round(ms[beam] / ms[4], 3)}
+        if beam == 1:
+            wide.rq.max_beam_size = 1
+            faiss_ms = median_ms(lambda: wide.rq.compute_codes(x))
+            out["ratio_to_faiss_beam_1"] = round(ms[1] / faiss_ms, 3)
+            print(f"faiss's beam search at width 1: {faiss_ms:.1f} ms")
     finally:
-        quant.rq.max_beam_size = beam
         faiss.omp_set_num_threads(threads)
+        torch.set_num_threads(torch_threads)
     print(f"tokens of 512 embeddings: {ms[beam]:.1f} ms at beam {beam}, {ms[4]:.1f} ms at beam 4")
-    return {"value": round(ms[beam], 2), "unit": "ms", "ratio_to_beam_4": round(ms[beam] / ms[4], 3)}
+    return out
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 import numpy as np
+from hypothesis import given, settings, strategies as st
 
-from hirflow.encoder.quantize import LEGACY_BEAM, BoMQuantizer, QuantizerConfig
+from hirflow.encoder.quantize import LEGACY_BEAM, BoMQuantizer, QuantizerConfig, unpack_codes
 
 
 def data(n=3000, d=32, seed=0):
@@ -46,3 +47,21 @@ def test_the_encoding_beam_changes_tokens_not_codebooks_and_travels_in_the_manif
     assert QuantizerConfig.of_manifest(legacy).beam == LEGACY_BEAM == 4
     old = BoMQuantizer.from_codebooks(wide.codebooks_array(), QuantizerConfig.of_manifest(legacy))
     assert (old.tokens(x) == wide.tokens(x)).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2 ** 31 - 1), st.integers(1, 6), st.integers(2, 6), st.sampled_from([8, 24, 64]))
+def test_greedy_tokens_are_faiss_beam_1_tokens(seed, m, nbits, d):
+    """At beam 1 the tokens come from matrix products instead of faiss's beam search: the
+    same codes, for any codebooks and inputs (ties to float rounding aside, which random
+    data does not meet)."""
+    rng = np.random.default_rng(seed)
+    codebooks = rng.standard_normal((m, 1 << nbits, d)).astype(np.float32) / np.arange(1, m + 1)[:, None, None]
+    q = BoMQuantizer.from_codebooks(codebooks, QuantizerConfig(m=m, nbits=nbits, beam=1))
+    x = rng.standard_normal((200, d)).astype(np.float32)
+    q.rq.max_beam_size = 1
+    want = unpack_codes(q.rq.compute_codes(x), m, nbits)
+    assert (q.codes(x) == want).all()
+    # a trained quantizer too, after training replaced its codebooks
+    t = BoMQuantizer(d, QuantizerConfig(m=m, nbits=min(nbits, 4), beam=1)).train(x)
+    assert (t.codes(x) == unpack_codes(t.rq.compute_codes(x), m, min(nbits, 4))).all()
