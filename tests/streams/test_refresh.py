@@ -1,6 +1,8 @@
 """The refresh loop on a real broker and store: records, postings, token changes, seq."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,17 @@ from hirflow.state.view_source import LocalViews
 from hirflow.streams.subscribe import Subscriber
 from tests.conftest import replace_section
 from tests.streams.refresh_helpers import assert_index_matches_state, loop_over, settle
+
+
+@pytest.fixture
+def world_clock(monkeypatch, tiny_world):
+    """The refresh loop's clock started ten seconds after the tiny world's last event and
+    running at wall-clock speed. Views see time-decayed weights as of that clock, and the
+    world's dates are fixed: months after them a user's new engagements decay below what its
+    tokens show, so a test of how tokens follow a move would depend on the day it runs."""
+    from hirflow.streams import refresh
+    origin, start = max(e.ts for e in tiny_world) + 10_000, time.monotonic()
+    monkeypatch.setattr(refresh, "now_ms", lambda: origin + int((time.monotonic() - start) * 1000))
 
 
 def _collect(sub, want, tries=40):
@@ -70,7 +83,8 @@ def _follows_the_ads(loop, user, engagements, t):
     assert _strongest(loop, user, t) in {p for p, w in want.items() if w > top * (1 - 1e-3)}
 
 
-def test_user_moving_to_a_new_interest_changes_tokens_and_assignment(cfg, tiny_world, tiny_checkpoints):
+def test_user_moving_to_a_new_interest_changes_tokens_and_assignment(cfg, tiny_world, tiny_checkpoints,
+                                                                      world_clock):
     """A new user engages ads of primitive A, then far more ads of primitive B: its strongest
     super-graph primitive follows, its tokens change and a subscriber receives each change
     in seq order. (The tiny test model puts every user in one coarse primitive whatever it
