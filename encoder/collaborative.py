@@ -276,7 +276,8 @@ class Holdout:
     before: sp.csr_matrix
     judged: np.ndarray
     truth: list[np.ndarray]
-    history: tuple = ()
+    history: tuple[np.ndarray, np.ndarray, np.ndarray]
+    _ease: tuple[float, np.ndarray] | None = field(default=None, repr=False)   # the last solve
 
     @classmethod
     def at_time(cls, data: Interactions, at: int) -> "Holdout":
@@ -290,7 +291,7 @@ class Holdout:
 
     def queries(self, days: float) -> sp.csr_matrix:
         """The judged users' item weights before `at`, recency-weighted with tau `days`."""
-        if not days or not self.history:
+        if not days:
             return self.before[self.judged]
         return recency_weighted(*self.history, self.before.shape, days)[self.judged]
 
@@ -312,10 +313,16 @@ class Holdout:
                  for lam in grid}
         return max(tried, key=tried.get), tried
 
+    def ease(self, lam: float) -> np.ndarray:
+        """EASE^R's weights on `before` with `lam`, solved once for the tau and weight choices."""
+        if self._ease is None or self._ease[0] != lam:
+            self._ease = (lam, ease_weights(self.before, lam))
+        return self._ease[1]
+
     def choose_recency(self, lam: float, grid: Sequence[float]) -> tuple[float, dict[float, float]]:
         """The tau (days; 0: all items alike) of users' item weights with the best holdout
         Recall@20 of the block alone (EASE^R with `lam`, full rank); ties go to the first."""
-        b = ease_weights(self.before, lam)
+        b = self.ease(lam)
         tried = {days: self.recall(np.asarray(self.queries(days) @ b)) for days in grid}
         return max(tried, key=tried.get), tried
 
@@ -328,7 +335,7 @@ class Holdout:
         ("one_se": the standard error of the per-user difference to the best); users' blocks
         of unit length with `unit_users` and items weighted by `recency_days`, as `fit` serves
         them."""
-        q, k = truncated(ease_weights(self.before, lam), rank)
+        q, k = truncated(self.ease(lam), rank)
         block = user_rows(self.queries(recency_days), q, 1.0 if unit_users else None) @ k.T
         spread = float(np.std(block)) or 1.0
         unit = float(np.std(encoder_scores)) / spread
