@@ -11,7 +11,7 @@ Reports Recall@20 / NDCG@20 with 95 % intervals, the paired ratio to the best ba
 training time and peak memory.
 
     python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--no-unit-users]
-                            [--weight-rule best|one_se] [--recency-days DAYS]
+                            [--weight-rule best|one_se] [--recency-days DAYS] [--fit-days DAYS]
                             [--device cpu|cuda] [--seed N]
 
 The Online Retail file (`online_retail.csv.gz`, see `streams/adapters/online_retail.py`) is
@@ -88,7 +88,8 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
     cfg = TrainConfig(seed=a.seed, passes=a.passes, snapshot_chunks=0,
                       max_steps_per_chunk=2 if a.quick else None,
                       collaborative=CollaborativeConfig(unit_users=a.unit_users, weight_rule=a.weight_rule,
-                                                        recency_days=a.recency_days))
+                                                        recency_days=a.recency_days,
+                                                        fit_days=a.fit_days))
     stats: dict = {}
     t = time.perf_counter()
     ck = train(train_evs, schema, enc, cfg, out / f"{name}-ck", texts=texts, device=a.device,
@@ -160,6 +161,9 @@ def main() -> None:
     ap.add_argument("--recency-days", type=float, default=None, metavar="DAYS",
                     help="tau of the recency weights of a user's items in its collaborative block "
                          "(0: all alike; default: chosen by the trainer's holdout)")
+    ap.add_argument("--fit-days", type=float, default=None, metavar="DAYS",
+                    help="tau of the pairs' recency weights in the block's EASE^R fit (0: all "
+                         "alike; default: chosen with lambda by the trainer's holdout)")
     ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
                     help="MiniLM texts as world knowledge (default: on, off with --quick)")
     ap.add_argument("--device", choices=["cpu", "cuda"])

@@ -17,13 +17,19 @@ the user acts, never with the clock. That sum is then set to a fixed length
 the served score stops growing with the length of the user's history (of the users judged
 on Online Retail's validation window the median has 62 items, the longest 1,626, while the
 encoder's per-user score spread varies by a third), so one weight serves light and heavy
-users alike. EASE^R itself is fitted on the binary matrix; the recency weighting is the
-query side's only.
+users alike.
+
+EASE^R itself is fitted on the users x items matrix with each pair weighted by how recent it
+is within the training window, exp(t_pair / tau_fit) with `fit_days` = tau_fit (0: the binary
+matrix), scaled so that the squared weights sum to the number of pairs (lambda keeps its
+meaning whatever tau_fit): co-purchases of the last months say more about which items go
+together next than those of a year before (a catalogue and its seasons move). The weights
+are relative to the window, so they are fixed by the checkpoint like the block's rows.
 
 Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes
 live in the first d_emb coordinates only. Nodes of other types, and items outside the
 block's vocabulary (new items, or past `max_items`), get zeros: they rank by the encoder's
-coordinates alone, as a cold item must. Lambda, tau and the block's weight against the encoder's
+coordinates alone, as a cold item must. Lambda, both taus and the block's weight against the encoder's
 score (`weight`: the block's score spread over the encoder's) are chosen by the trainer on a
 holdout of its own window (`trainer.collaborative_fit`); docs/evaluation.md has the
 validation figures behind the rank and the grids.
@@ -71,6 +77,9 @@ class CollaborativeConfig:
     recency_days: float | None = None    # tau of a user's item weights (0: all alike; None:
                                          # chosen on the holdout from `recency_grid`)
     recency_grid: tuple[float, ...] = (0.0, 30.0, 60.0, 120.0, 240.0)
+    fit_days: float | None = None    # tau of the pairs' weights in EASE^R's fit (0: binary;
+                                     # None: chosen with lambda on the holdout from `fit_grid`)
+    fit_grid: tuple[float, ...] = (0.0, 15.0, 30.0, 60.0, 120.0, 240.0)
 
     def __post_init__(self) -> None:
         if self.rank < 0 or (self.weight is not None and self.weight < 0) or self.max_items < 2 \
@@ -78,11 +87,13 @@ class CollaborativeConfig:
                 or not self.weight_grid or min(self.weight_grid) < 0 \
                 or self.weight_rule not in WEIGHT_RULES \
                 or (self.recency_days is not None and self.recency_days < 0) \
-                or not self.recency_grid or min(self.recency_grid) < 0:
+                or not self.recency_grid or min(self.recency_grid) < 0 \
+                or (self.fit_days is not None and self.fit_days < 0) \
+                or not self.fit_grid or min(self.fit_grid) < 0:
             raise ValueError("collaborative: rank >= 0, weight >= 0 or None, max_items >= 2, "
                              "holdout in (0, 1), non-empty l2_grid (> 0) and weight_grid (>= 0), "
-                             f"weight_rule one of {WEIGHT_RULES}, recency_days >= 0 or None, "
-                             "non-empty recency_grid (>= 0)")
+                             f"weight_rule one of {WEIGHT_RULES}, recency_days and fit_days >= 0 "
+                             "or None, non-empty recency_grid and fit_grid (>= 0)")
 
 
 @dataclass
@@ -157,25 +168,45 @@ class CollaborativeBlock:
                    dict(manifest.get("settings", {})))
 
 
+def _latest_per_pair(rows, cols, t) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One entry per (row, col) pair, at its latest time."""
+    rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+    t = np.asarray(t, np.float64)
+    order = np.lexsort((t, cols, rows))                 # each pair's latest time sorts last
+    r, c, t = rows[order], cols[order], t[order]
+    last = np.r_[(r[1:] != r[:-1]) | (c[1:] != c[:-1]), True]
+    return r[last], c[last], t[last]
+
+
 def recency_weighted(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape,
                      days: float) -> sp.csr_matrix:
     """Users x items weights of engagements (`rows`, `cols`) at times `t` (ms): one entry per
     pair, exp((its latest t - the row's latest t) / `days`), so 1 for a user's latest item;
     1 everywhere when `days` is 0. Relative to the row's own latest time, not to a clock."""
-    rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
-    t = np.asarray(t, np.float64)
     if not len(t):
         return sp.csr_matrix(shape, dtype=np.float32)
-    order = np.lexsort((t, cols, rows))                 # each pair's latest time sorts last
-    r, c, t = rows[order], cols[order], t[order]
-    last = np.r_[(r[1:] != r[:-1]) | (c[1:] != c[:-1]), True]
-    r, c, t = r[last], c[last], t[last]
+    r, c, t = _latest_per_pair(rows, cols, t)
     if days:
         latest = np.full(shape[0], -np.inf)
         np.maximum.at(latest, r, t)
         g = np.exp((t - latest[r]) / (days * DAY_MS))
     else:
         g = np.ones(len(t))
+    return sp.csr_matrix((g.astype(np.float32), (r, c)), shape=shape)
+
+
+def fit_weighted(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape,
+                 days: float) -> sp.csr_matrix:
+    """Users x items matrix for EASE^R's fit: one entry per pair, 1 when `days` is 0, else
+    exp(the pair's latest t / `days`), scaled so that the squared entries sum to the number
+    of pairs: recent pairs weigh more, and the Gram matrix keeps the binary one's trace, so
+    one lambda grid serves every tau (the scaling also makes the weights independent of
+    the clock: only differences of times count)."""
+    if not days or not len(t):
+        return recency_weighted(rows, cols, t, shape, 0.0)
+    r, c, t = _latest_per_pair(rows, cols, t)
+    g = np.exp((t - t.max()) / (days * DAY_MS))
+    g *= np.sqrt(len(g) / float(np.sum(g * g)))
     return sp.csr_matrix((g.astype(np.float32), (r, c)), shape=shape)
 
 
@@ -190,7 +221,8 @@ def user_rows(x: sp.csr_matrix, query: np.ndarray, norm: float | None) -> np.nda
 
 
 def ease_weights(x: sp.csr_matrix, lam: float) -> np.ndarray:
-    """EASE^R's (I, I) item-item weights for the binary users x items matrix `x`."""
+    """EASE^R's (I, I) item-item weights for the users x items matrix `x` (binary, or
+    weighted by `fit_weighted`)."""
     g = (x.T @ x).toarray().astype(np.float64)
     g[np.diag_indices_from(g)] += lam
     p = np.linalg.inv(g)
@@ -277,7 +309,7 @@ class Holdout:
     judged: np.ndarray
     truth: list[np.ndarray]
     history: tuple[np.ndarray, np.ndarray, np.ndarray]
-    _ease: tuple[float, np.ndarray] | None = field(default=None, repr=False)   # the last solve
+    _ease: tuple[tuple[float, float], np.ndarray] | None = field(default=None, repr=False)  # last solve
 
     @classmethod
     def at_time(cls, data: Interactions, at: int) -> "Holdout":
@@ -307,35 +339,44 @@ class Holdout:
         """Each judged user's Recall@20 of `scores`."""
         return recall_at(scores, self.before[self.judged], self.truth)
 
-    def choose_l2(self, grid: Sequence[float]) -> tuple[float, dict[float, float]]:
-        """EASE^R's lambda with the best holdout Recall@20 of the block alone (at full rank)."""
-        tried = {lam: self.recall(np.asarray(self.before[self.judged] @ ease_weights(self.before, lam)))
-                 for lam in grid}
-        return max(tried, key=tried.get), tried
+    def choose_fit(self, l2_grid: Sequence[float], fit_grid: Sequence[float] = (0.0,)
+                   ) -> tuple[float, float, dict[tuple[float, float], float]]:
+        """EASE^R's lambda and the tau of its fit's pair weights (`fit_weighted`), together,
+        with the best holdout Recall@20 of the block alone (full rank, users' items alike):
+        -> (lambda, tau in days, Recall@20 per (lambda, tau) tried); ties go to the first."""
+        tried = {(lam, days): self.recall(np.asarray(self.before[self.judged] @ self.ease(lam, days)))
+                 for days in fit_grid for lam in l2_grid}
+        lam, days = max(tried, key=tried.get)
+        return lam, days, tried
 
-    def ease(self, lam: float) -> np.ndarray:
-        """EASE^R's weights on `before` with `lam`, solved once for the tau and weight choices."""
-        if self._ease is None or self._ease[0] != lam:
-            self._ease = (lam, ease_weights(self.before, lam))
+    def ease(self, lam: float, fit_days: float = 0.0) -> np.ndarray:
+        """EASE^R's weights on the pairs before `at` with `lam` and fit tau `fit_days`, the
+        last solve kept for the tau and weight choices that follow."""
+        if self._ease is None or self._ease[0] != (lam, fit_days):
+            x = fit_weighted(*self.history, self.before.shape, fit_days)
+            self._ease = ((lam, fit_days), ease_weights(x, lam))
         return self._ease[1]
 
-    def choose_recency(self, lam: float, grid: Sequence[float]) -> tuple[float, dict[float, float]]:
+    def choose_recency(self, lam: float, grid: Sequence[float],
+                       fit_days: float = 0.0) -> tuple[float, dict[float, float]]:
         """The tau (days; 0: all items alike) of users' item weights with the best holdout
-        Recall@20 of the block alone (EASE^R with `lam`, full rank); ties go to the first."""
-        b = self.ease(lam)
+        Recall@20 of the block alone (EASE^R with `lam` and `fit_days`, full rank); ties go
+        to the first."""
+        b = self.ease(lam, fit_days)
         tried = {days: self.recall(np.asarray(self.queries(days) @ b)) for days in grid}
         return max(tried, key=tried.get), tried
 
     def choose_weight(self, encoder_scores: np.ndarray, lam: float, rank: int,
                       grid: Sequence[float], unit_users: bool = True,
-                      rule: str = "best", recency_days: float = 0.0) -> tuple[float, dict[float, float]]:
+                      rule: str = "best", recency_days: float = 0.0,
+                      fit_days: float = 0.0) -> tuple[float, dict[float, float]]:
         """The block's weight against `encoder_scores` ((judged, items), from a model that had
         seen nothing from `at` on) by the holdout Recall@20 of their sum: the best (`rule`
         "best"), or the lightest whose Recall@20 is within one standard error of the best's
         ("one_se": the standard error of the per-user difference to the best); users' blocks
-        of unit length with `unit_users` and items weighted by `recency_days`, as `fit` serves
-        them."""
-        q, k = truncated(self.ease(lam), rank)
+        of unit length with `unit_users` and items weighted by `recency_days`, EASE^R fitted
+        with `fit_days`, as `fit` serves them."""
+        q, k = truncated(self.ease(lam, fit_days), rank)
         block = user_rows(self.queries(recency_days), q, 1.0 if unit_users else None) @ k.T
         spread = float(np.std(block)) or 1.0
         unit = float(np.std(encoder_scores)) / spread
@@ -351,18 +392,21 @@ class Holdout:
 
 def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
         query_types: Sequence[str], settings: Mapping | None = None,
-        unit_users: bool = True, recency_days: float = 0.0) -> CollaborativeBlock | None:
-    """EASE^R with `lam` on all of `data`, truncated to `rank` (at most items - 1), unscaled
-    (`scaled` sets its weight); users' blocks of unit length with `unit_users`, their items
-    weighted by recency with tau `recency_days` (0: alike). None when there is nothing to fit."""
+        unit_users: bool = True, recency_days: float = 0.0,
+        fit_days: float = 0.0) -> CollaborativeBlock | None:
+    """EASE^R with `lam` on all of `data`, its pairs weighted by recency with tau `fit_days`
+    (0: binary), truncated to `rank` (at most items - 1), unscaled (`scaled` sets its
+    weight); users' blocks of unit length with `unit_users`, their items weighted by recency
+    with tau `recency_days` (0: alike). None when there is nothing to fit."""
     if rank == 0 or len(data.items) < 2 or not data.pairs:
         return None
     rank = min(rank, len(data.items) - 1)
-    q, k = truncated(ease_weights(data.matrix(), lam), rank)
+    q, k = truncated(ease_weights(fit_weighted(*data.arrays(), data.shape, fit_days), lam), rank)
     extra = {"user_norm": 1.0} if unit_users else {}
     return CollaborativeBlock(tuple(data.items), q, k, tuple(sorted(actions)), tuple(query_types),
                               dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
-                                   users=len(data.users), recency_days=float(recency_days), **extra))
+                                   users=len(data.users), recency_days=float(recency_days),
+                                   fit_days=float(fit_days), **extra))
 
 
 def scaled(block: CollaborativeBlock, encoder_scores: np.ndarray, block_scores: np.ndarray,

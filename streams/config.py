@@ -160,6 +160,9 @@ class TrainSection:
     collaborative_recency_days: float | None = None   # tau of the recency weights of a
                                         # user's items in its block (0: all alike; unset: chosen
                                         # on the training window's last 10 %)
+    collaborative_fit_days: float | None = None   # tau of the pairs' recency weights in
+                                        # EASE^R's fit (0: all alike; unset: chosen with its
+                                        # lambda on the training window's last 10 %)
     sample_workers: int = 1             # threads sampling views ahead of the model (0: inline)
     knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
     announce: bool = True               # announce each complete checkpoint on hirflow.checkpoints
@@ -170,9 +173,9 @@ class TrainSection:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"train.objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.collaborative_rank < 0 or (self.collaborative_weight or 0) < 0 \
-                or (self.collaborative_recency_days or 0) < 0:
-            raise ValueError("train.collaborative_rank, collaborative_weight and "
-                             "collaborative_recency_days must be >= 0")
+                or (self.collaborative_recency_days or 0) < 0 or (self.collaborative_fit_days or 0) < 0:
+            raise ValueError("train.collaborative_rank, collaborative_weight, "
+                             "collaborative_recency_days and collaborative_fit_days must be >= 0")
         if self.passes < 1 or self.sample_workers < 0 or self.min_steps < 0 \
                 or (self.rounds is not None and self.rounds < 1) \
                 or (self.steps_per_chunk is not None and self.steps_per_chunk < 1):

@@ -1,13 +1,17 @@
 """The baselines a recommender engineer already has, each with a small hyper-parameter grid
 that is searched on the validation window only (never on test).
 
-Every baseline fits on a binary users x items history (`RankingTask.history`) and scores the
-task's evaluated users against all candidate items:
+Every baseline fits on the users x items history (`RankingTask.history`, binary; its times
+`last_ts` where a baseline weighs by recency) and scores the task's evaluated users against
+all candidate items:
 - ``popularity``: how many users engaged each item before the window;
 - ``popularity_recent``: users who engaged each item in the last `days` before the window
   (what is trending; the grid picks the span);
 - ``item_knn``: cosine item-item similarity, each item keeping its `k` nearest neighbours;
 - ``ease``: EASE^R (Steck 2019), closed form, its one regulariser `lam` searched;
+- ``ease_recent``: EASE^R fitted on pairs weighted by their recency, exp(t / `days`) before
+  the window (recent co-purchases count more; `lam` and `days` searched): the time-decayed
+  item-item model a practitioner reaches for when a catalogue has seasons;
 - ``als``: implicit-feedback matrix factorisation (Hu, Koren and Volinsky 2008) by the
   `implicit` library;
 - ``lightgcn_propagation``: LightGCN's propagation without training, as the linear filter it
@@ -54,6 +58,23 @@ def ease(task: RankingTask, params: Mapping) -> np.ndarray:
     b = -p / np.diag(p)[None, :]
     np.fill_diagonal(b, 0.0)
     return np.asarray(r[task.eval_users] @ b)
+
+
+def ease_recent(task: RankingTask, params: Mapping) -> np.ndarray:
+    """EASE^R fitted on pairs weighted by how recent they are, exp(t / `days`) with t the
+    pair's last engagement before the window (so <= 0), scaled so that the squared weights
+    sum to the number of pairs (lambda keeps its binary scale); users' rows binary, as in
+    `ease`. Recent co-purchases count more: a catalogue and its seasons move."""
+    last = task.last_ts.tocsr()
+    w = np.exp(last.data / (params["days"] * 86_400_000.0))
+    w *= np.sqrt(len(w) / float(np.sum(w * w))) if len(w) else 1.0
+    r = sp.csr_matrix((w, last.indices, last.indptr), shape=last.shape)
+    g = (r.T @ r).toarray().astype(np.float64)
+    g[np.diag_indices_from(g)] += params["lam"]
+    p = np.linalg.inv(g)
+    b = -p / np.diag(p)[None, :]
+    np.fill_diagonal(b, 0.0)
+    return np.asarray(task.history[task.eval_users] @ b)
 
 
 def als(task: RankingTask, params: Mapping) -> np.ndarray:
@@ -103,6 +124,9 @@ STANDARD = (
     Baseline("popularity_recent", popularity_recent, tuple({"days": d} for d in (7.0, 14.0, 30.0))),
     Baseline("item_knn", item_knn, tuple({"k": k} for k in (50, 200, 1000))),
     Baseline("ease", ease, tuple({"lam": v} for v in (30.0, 100.0, 300.0, 1000.0, 3000.0))),
+    Baseline("ease_recent", ease_recent, tuple({"lam": v, "days": d}
+                                               for v in (100.0, 300.0, 1000.0, 3000.0, 10000.0)
+                                               for d in (15.0, 30.0, 60.0, 120.0))),
     Baseline("als", als, tuple({"factors": f, "reg": g, "alpha": a}
                                for f in (64, 128) for g in (0.01, 0.1) for a in (1.0, 10.0))),
     Baseline("lightgcn_propagation", lightgcn_propagation,
@@ -113,6 +137,7 @@ QUICK = (                       # one or two grid points each: for tests and --q
     Baseline("popularity_recent", popularity_recent, ({"days": 7.0}, {"days": 30.0})),
     Baseline("item_knn", item_knn, ({"k": 200},)),
     Baseline("ease", ease, ({"lam": 100.0}, {"lam": 1000.0})),
+    Baseline("ease_recent", ease_recent, ({"lam": 300.0, "days": 60.0},)),
     Baseline("als", als, ({"factors": 64, "reg": 0.1, "alpha": 10.0},)),
     Baseline("lightgcn_propagation", lightgcn_propagation, ({"layers": 1, "alpha": 0.0, "rank": 64},)),
 )

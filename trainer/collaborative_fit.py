@@ -1,9 +1,10 @@
 """Fitting the served embedding's collaborative block around a training run
 (`encoder.collaborative`).
 
-Three settings are chosen on a holdout of the training window itself, never on validation or
-test: EASE^R's lambda, the tau of the recency weights of a user's items (both by the block
-alone) and the block's weight against the encoder. The holdout starts at the
+Four settings are chosen on a holdout of the training window itself, never on validation or
+test: EASE^R's lambda with the tau of its fit's pair weights, then the tau of the recency
+weights of a user's items (all by the block alone), and the block's weight against the
+encoder. The holdout starts at the
 first time chunk that begins in the window's last `holdout` share of positive engagements.
 The trainer visits chunks in time order, so when it reaches that chunk the student has seen
 nothing from the holdout; `choose` then embeds the holdout's users and the vocabulary's items
@@ -53,17 +54,18 @@ class CollaborativeFit:
         return self.enabled and self.choice is None and cutoff + 1 >= self.start
 
     def choose(self, student: HierarchicalEncoder, cutoff: int, texts, dev) -> None:
-        """Choose lambda, and tau and the weight unless configured, on the holdout from
-        `cutoff` + 1."""
+        """Choose lambda, and the fit's tau, the users' tau and the weight unless configured,
+        on the holdout from `cutoff` + 1."""
         t = time.perf_counter()
         h = C.Holdout.at_time(self.data, cutoff + 1)
         if not h.usable:
             self.choice = {"at": cutoff + 1, "usable": False}
             return
-        lam, l2_tried = h.choose_l2(self.cfg.l2_grid)
+        fit_grid = self.cfg.fit_grid if self.cfg.fit_days is None else (self.cfg.fit_days,)
+        lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, fit_grid)
         days, days_tried = self.cfg.recency_days, {}
         if days is None:
-            days, days_tried = h.choose_recency(lam, self.cfg.recency_grid)
+            days, days_tried = h.choose_recency(lam, self.cfg.recency_grid, fit_days)
         weight, w_tried = self.cfg.weight, {}
         rank = min(self.cfg.rank, len(self.data.items) - 1)
         if weight is None:
@@ -72,14 +74,17 @@ class CollaborativeFit:
                 eu = embed(student, sampler, users, cutoff, student.cfg, texts, dev)
                 ei = embed(student, sampler, list(self.data.items), cutoff, student.cfg, texts, dev)
             weight, w_tried = h.choose_weight(eu @ ei.T, lam, rank, self.cfg.weight_grid,
-                                               self.cfg.unit_users, self.cfg.weight_rule, days)
-        self.choice = {"at": cutoff + 1, "usable": True, "l2": lam, "recency_days": days,
-                       "weight": weight, "holdout_users": int(len(h.judged)),
-                       "l2_recall@20": {str(k): round(v, 5) for k, v in l2_tried.items()},
+                                               self.cfg.unit_users, self.cfg.weight_rule, days,
+                                               fit_days)
+        self.choice = {"at": cutoff + 1, "usable": True, "l2": lam, "fit_days": fit_days,
+                       "recency_days": days, "weight": weight, "holdout_users": int(len(h.judged)),
+                       # keyed "lambda/fit tau"
+                       "l2_recall@20": {f"{k[0]:g}/{k[1]:g}": round(v, 5) for k, v in l2_tried.items()},
                        "recency_recall@20": {str(k): round(v, 5) for k, v in days_tried.items()},
                        "weight_recall@20": {str(k): round(v, 5) for k, v in w_tried.items()}}
-        log.info("collaborative block: holdout of %d users chose lambda %g, recency tau %g days, "
-                 "weight %g (%.1f s)", len(h.judged), lam, days, weight, time.perf_counter() - t)
+        log.info("collaborative block: holdout of %d users chose lambda %g, fit tau %g days, "
+                 "recency tau %g days, weight %g (%.1f s)", len(h.judged), lam, fit_days, days,
+                 weight, time.perf_counter() - t)
 
     def block(self, embs: np.ndarray, nodes: list[str], sampler: ViewSampler) -> C.CollaborativeBlock | None:
         """The block fitted on the whole window, scaled against the final encoder embeddings
@@ -89,15 +94,17 @@ class CollaborativeFit:
         choice = self.choice if self.choice and self.choice.get("usable") else None
         if choice is None:
             h = C.Holdout.at_time(self.data, self.start)
-            lam = h.choose_l2(self.cfg.l2_grid)[0] if h.usable else sorted(self.cfg.l2_grid)[len(self.cfg.l2_grid) // 2]
+            fit_days = self.cfg.fit_days or 0.0
+            lam = h.choose_fit(self.cfg.l2_grid, (fit_days,))[0] if h.usable \
+                else sorted(self.cfg.l2_grid)[len(self.cfg.l2_grid) // 2]
             weight = self.cfg.weight if self.cfg.weight is not None else DEFAULT_WEIGHT
             log.warning("collaborative block: no holdout chunk to choose its weight on; weight %g", weight)
-            choice = {"l2": lam, "weight": weight, "usable": False,
+            choice = {"l2": lam, "weight": weight, "usable": False, "fit_days": fit_days,
                       "recency_days": self.cfg.recency_days or 0.0}
         codes = self.schema.action_codes()
         block = C.fit(self.data, choice["l2"], self.cfg.rank, [codes[a] for a in self.positive],
                       (self.schema.user_type,), {"holdout": choice}, self.cfg.unit_users,
-                      choice.get("recency_days") or 0.0)
+                      choice.get("recency_days") or 0.0, choice.get("fit_days") or 0.0)
         if block is None:
             return None
         row = {n: i for i, n in enumerate(nodes)}

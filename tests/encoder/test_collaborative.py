@@ -36,8 +36,10 @@ def test_a_block_scores_as_rank_truncated_ease_and_the_holdout_chooses_from_its_
     assert h.usable and all(t.size for t in h.truth)
     # the holdout's truth: items new to the user from `at` on, never ones it had before
     assert not any(h.before[u, t].sum() for u, t in zip(h.judged, h.truth))
-    lam, tried = h.choose_l2((1.0, 10.0, 100.0))
-    assert set(tried) == {1.0, 10.0, 100.0} and tried[lam] == max(tried.values())
+    lam, fit_days, tried = h.choose_fit((1.0, 10.0, 100.0), (0.0, 3.0))
+    assert set(tried) == {(lam_, d) for lam_ in (1.0, 10.0, 100.0) for d in (0.0, 3.0)}
+    assert tried[(lam, fit_days)] == max(tried.values())
+    lam = h.choose_fit((1.0, 10.0, 100.0))[0]                 # binary fit only, from here on
     w, w_tried = h.choose_weight(np.zeros((len(h.judged), 6)), lam, 3, (0.5, 2.0), rule="best")
     assert w in (0.5, 2.0) and w_tried[w] == max(w_tried.values())
 
@@ -114,6 +116,57 @@ def test_recency_weights_follow_a_users_own_latest_engagement():
     np.testing.assert_allclose(C.recency_weighted(rows, cols, t + 10 ** 12, (3, 4), 2.0).toarray(), x,
                                rtol=1e-6)
     assert (C.recency_weighted(rows, cols, t, (3, 4), 0.0).toarray() == (x > 0)).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 5), st.integers(0, 400)), min_size=1,
+                max_size=40),
+       st.sampled_from([0.0, 1.0, 30.0]), st.integers(-10 ** 12, 10 ** 12))
+def test_fit_weights_favour_recent_pairs_and_keep_the_binary_trace(pairs, days, shift):
+    """One entry per (user, item) at its latest time, exp(t / tau) up to one factor that makes
+    the squared entries sum to the number of pairs (a binary matrix's Gram trace), so a clock
+    shift changes nothing; tau 0 is the binary matrix."""
+    rows, cols, t = (np.array(c) for c in zip(*pairs))
+    t = t * C.DAY_MS / 10.0
+    x = C.fit_weighted(rows, cols, t + shift, (5, 6), days)
+    binary = C.recency_weighted(rows, cols, t, (5, 6), 0.0)
+    assert (x.toarray() > 0).sum() == binary.nnz
+    np.testing.assert_allclose(x.multiply(x).sum(), binary.nnz, rtol=1e-4)
+    if not days:
+        np.testing.assert_array_equal(x.toarray(), binary.toarray())
+        return
+    latest = {}
+    for r, c, tt in zip(rows, cols, t):
+        latest[(r, c)] = max(latest.get((r, c), -np.inf), tt)
+    want = np.zeros((5, 6))
+    for (r, c), tt in latest.items():
+        want[r, c] = np.exp((tt - max(latest.values())) / (days * C.DAY_MS))
+    want *= np.sqrt(len(latest) / np.sum(want ** 2))
+    np.testing.assert_allclose(x.toarray(), want, rtol=1e-4, atol=1e-30)
+
+
+def test_the_holdout_fits_on_recent_pairs_when_items_change_company():
+    """Items sell in groups of 25 that are reshuffled after 70 % of the window (a catalogue's
+    seasons): the binary fit still ranks an item's old companions first, filling the top 20,
+    while the holdout's purchases follow the new groups, so the holdout prefers a fit that
+    weighs recent pairs more."""
+    rng = np.random.default_rng(4)
+    n_items, size, day = 200, 25, C.DAY_MS
+    old_group = np.arange(n_items) // size
+    new_group = rng.permutation(n_items) // size
+    pairs = []
+    for u in range(1500):
+        t0 = int(rng.integers(0, 200))
+        groups = old_group if t0 < 140 else new_group
+        g = int(rng.integers(0, n_items // size))
+        for k, i in enumerate(rng.choice(np.flatnonzero(groups == g), 4, replace=False)):
+            pairs.append((f"user:{u}", f"product:{i}", (t0 + 3 * k) * day))   # over 9 days
+    data = C.Interactions.of(sorted(pairs, key=lambda p: p[2]), ("user",), ("product",), n_items)
+    h = C.Holdout.at_time(data, data.quantile_time(0.9))
+    lam, days, tried = h.choose_fit((10.0,), (0.0, 20.0))
+    assert days == 20.0 and tried[(10.0, 20.0)] > tried[(10.0, 0.0)] + 0.05, tried
+    block = C.fit(data, lam, 16, [0], ("user",), fit_days=days)
+    assert block.settings["fit_days"] == 20.0
 
 
 def test_the_holdout_weighs_recent_items_more_when_tastes_drift():

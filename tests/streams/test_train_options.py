@@ -32,11 +32,13 @@ def test_file_then_env_then_flags(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('[train]\npasses = 3\nseed = 5\nwindow = "14d"\n'
                  '[encoder]\nd_model = 128\nlevels = [4, 16]\n[quantizer]\nm = 4\n')
-    cfg = load(file=f, env={"HIRFLOW_TRAIN__SEED": "6", "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_DAYS": "45"},
+    cfg = load(file=f, env={"HIRFLOW_TRAIN__SEED": "6", "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_DAYS": "45",
+                            "HIRFLOW_TRAIN__COLLABORATIVE_FIT_DAYS": "30"},
                overrides={"train.objective": "bce"})
     opts = run_options(cfg)
     assert (opts.train.passes, opts.train.seed, opts.train.objective) == (3, 6, "bce")
     assert opts.train.collaborative.recency_days == 45.0 and opts.train.collaborative.weight is None
+    assert opts.train.collaborative.fit_days == 30.0
     assert opts.window_s == 14 * 86400 and opts.train.quantizer.m == 4
     assert opts.encoder["d_model"] == 128 and tuple(opts.encoder["levels"]) == (4, 16)
 
@@ -46,7 +48,9 @@ def test_file_then_env_then_flags(tmp_path):
                                        ({"train": {"objective": "mse"}}, "objective"),
                                        ({"quantizer": {"m": 0}}, "quantizer.m"),
                                        ({"train": {"collaborative_recency_days": -1}},
-                                        "collaborative_recency_days")])
+                                        "collaborative_recency_days"),
+                                       ({"train": {"collaborative_fit_days": -1}},
+                                        "collaborative_fit_days")])
 def test_a_bad_key_or_value_is_an_error_that_names_it(tmp_path, data, key):
     import json
     f = tmp_path / "c.json"

@@ -105,3 +105,22 @@ def test_recent_popularity_counts_only_the_last_days():
     recent = B.popularity_recent(task, {"days": 3.0})[0]
     assert recent.tolist() == [0.0, 1.0]
     assert B.popularity(task, {})[0].tolist() == [2.0, 1.0]
+
+
+def test_recency_weighted_ease_follows_the_recent_company_of_an_item():
+    """Item 0 sold with item 1 in the past (six users) and with item 2 lately (three users):
+    EASE^R on the binary history ranks item 1 first for a buyer of item 0, the recency-weighted
+    fit item 2; with a span far longer than the history it is EASE^R again."""
+    day = 86_400_000
+    evs = [e for u in range(6) for e in (ev(u, 0, 0), ev(u, 1, 1))]
+    evs += [e for u in range(6, 9) for e in (ev(u, 0, 20 * day), ev(u, 2, 20 * day + 1))]
+    evs += [ev(60, 3, 5 * day)]                                   # ad:3 known before the window
+    evs += [ev(50, 0, 21 * day), ev(50, 3, 22 * day + 1)]       # the evaluated user
+    task = ranking_task(evs, 22 * day, 23 * day, POS, {"ad"})
+    assert [task.users[u] for u in task.eval_users] == ["user:50"]
+    col = {name: j for j, name in enumerate(task.items)}
+    plain = B.ease(task, {"lam": 1.0})[0]
+    recent = B.ease_recent(task, {"lam": 1.0, "days": 2.0})[0]
+    assert plain[col["ad:1"]] > plain[col["ad:2"]]
+    assert recent[col["ad:2"]] > recent[col["ad:1"]]
+    np.testing.assert_allclose(B.ease_recent(task, {"lam": 1.0, "days": 1e9})[0], plain, rtol=1e-4)

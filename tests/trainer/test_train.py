@@ -35,7 +35,8 @@ def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
     # served = the encoder's 32 coordinates + the collaborative block, which the tokens cover
     assert ck.manifest["steps"] > 0 and rank > 0 and ck.codebooks.shape == (2, 16, 32 + rank)
     assert len(ck.documents["collaborative.json"]["items"]) == ck.weights["collab.key"].shape[0]
-    # lambda, the recency tau and the weight chosen on the window's last chunk, before training on it
+    # lambda with the fit's tau, the recency tau and the weight chosen on the window's last
+    # chunk, before training on it
     chosen = ck.manifest["collaborative"]["holdout"]
     assert chosen["usable"] and chosen["at"] > ck.manifest["data_window"][0]
     assert chosen["weight"] in cfg.collaborative.weight_grid and chosen["l2"] in cfg.collaborative.l2_grid
@@ -43,6 +44,10 @@ def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
     assert set(chosen["recency_recall@20"]) == {str(d) for d in cfg.collaborative.recency_grid}
     assert ck.manifest["collaborative"]["weight"] == chosen["weight"]
     assert ck.manifest["collaborative"]["recency_days"] == chosen["recency_days"]
+    c = cfg.collaborative
+    assert chosen["fit_days"] in c.fit_grid
+    assert set(chosen["l2_recall@20"]) == {f"{lam:g}/{d:g}" for lam in c.l2_grid for d in c.fit_grid}
+    assert ck.manifest["collaborative"]["fit_days"] == chosen["fit_days"]
     rows = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert len(rows) == ck.manifest["steps"]
     assert all(set(r) >= {"loss", "distill", "engage", "hierarchy", "lr"} for r in rows)
