@@ -50,14 +50,19 @@ def item_knn(task: RankingTask, params: Mapping) -> np.ndarray:
     return np.asarray(r[task.eval_users] @ sim)
 
 
-def ease(task: RankingTask, params: Mapping) -> np.ndarray:
-    r = task.history
-    g = (r.T @ r).toarray().astype(np.float64)
-    g[np.diag_indices_from(g)] += params["lam"]
+def _ease_weights(x: sp.csr_matrix, lam: float) -> np.ndarray:
+    """EASE^R's closed form: B = I - P diag(1 / diag(P)), P = (X^T X + lam I)^-1."""
+    g = (x.T @ x).toarray().astype(np.float64)
+    g[np.diag_indices_from(g)] += lam
     p = np.linalg.inv(g)
     b = -p / np.diag(p)[None, :]
     np.fill_diagonal(b, 0.0)
-    return np.asarray(r[task.eval_users] @ b)
+    return b
+
+
+def ease(task: RankingTask, params: Mapping) -> np.ndarray:
+    r = task.history
+    return np.asarray(r[task.eval_users] @ _ease_weights(r, params["lam"]))
 
 
 def ease_recent(task: RankingTask, params: Mapping) -> np.ndarray:
@@ -68,13 +73,8 @@ def ease_recent(task: RankingTask, params: Mapping) -> np.ndarray:
     last = task.last_ts.tocsr()
     w = np.exp(last.data / (params["days"] * 86_400_000.0))
     w *= np.sqrt(len(w) / float(np.sum(w * w))) if len(w) else 1.0
-    r = sp.csr_matrix((w, last.indices, last.indptr), shape=last.shape)
-    g = (r.T @ r).toarray().astype(np.float64)
-    g[np.diag_indices_from(g)] += params["lam"]
-    p = np.linalg.inv(g)
-    b = -p / np.diag(p)[None, :]
-    np.fill_diagonal(b, 0.0)
-    return np.asarray(task.history[task.eval_users] @ b)
+    x = sp.csr_matrix((w, last.indices, last.indptr), shape=last.shape)
+    return np.asarray(task.history[task.eval_users] @ _ease_weights(x, params["lam"]))
 
 
 def als(task: RankingTask, params: Mapping) -> np.ndarray:
