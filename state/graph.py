@@ -454,7 +454,7 @@ class GraphReader:
     def node_ids(self, partition: int | None = None) -> Iterator[str]:
         prefix = b"" if partition is None else KeyCodec.partition_prefix(partition)
         for _, v in self._iter_prefix("nodes", prefix):
-            yield msgpack.unpackb(v)[0]
+            yield _id_of(v)
 
     def node_ids_after(self, after: bytes | None, limit: int) -> tuple[list[str], bytes | None]:
         """Up to `limit` node ids in key order, starting after key `after` (None: from the

@@ -23,11 +23,14 @@ OUT, IN = 0, 1   # edge direction as seen from this node: OUT means this node wa
 
 _exp = math.exp
 _encode = msgspec.msgpack.Encoder().encode
-# typed: msgspec builds the tuples in C (25% faster than converting decoded lists here)
+_Activity = dict[tuple[str, int], tuple[float, int]]
+_Edges = dict[tuple[str, str, int], tuple[float, int, int, int]]
+# typed: msgspec builds the dicts and tuples in C. Records written before the maps (each map
+# as an array of [key, value] pairs) still decode: a union of one array and one map type.
 _decode = msgspec.msgpack.Decoder(tuple[str, int | None, int | None, int,
-                                        list[tuple[tuple[str, int], tuple[float, int]]],
-                                        list[tuple[tuple[str, str, int],
-                                                   tuple[float, int, int, int]]]]).decode
+                                        _Activity | list[tuple[tuple[str, int], tuple[float, int]]],
+                                        _Edges | list[tuple[tuple[str, str, int],
+                                                            tuple[float, int, int, int]]]]).decode
 
 
 class _Head(msgspec.Struct, array_like=True):
@@ -104,10 +107,11 @@ class NodeState:
 
     # -- codec ----------------------------------------------------------------------------
     def pack(self) -> bytes:
-        """msgpack: [id, first, last, events, [[[action, dir], [w, t]]...], [[[nbr, action,
-        dir], [w, t, count, first]]...]] (msgspec encodes the tuples in one C call)."""
-        return _encode([self.id, self.first, self.last, self.events,
-                        list(self.activity.items()), list(self.edges.items())])
+        """msgpack: [id, first, last, events, {[action, dir]: [w, t]}, {[nbr, action, dir]:
+        [w, t, count, first]}]: msgspec encodes the dicts as they are, in one C call (a
+        record of 128 edges in about two thirds of the time its pairs took as lists; the
+        ingest packs every changed record at each commit)."""
+        return _encode((self.id, self.first, self.last, self.events, self.activity, self.edges))
 
     @staticmethod
     def id_and_last(raw: bytes) -> tuple[str, int | None]:
@@ -121,8 +125,8 @@ class NodeState:
         node_id, first, last, events, activity, edges = _decode(raw)
         s = cls(node_id)
         s.first, s.last, s.events = first, last, events
-        s.activity = dict(activity)
-        s.edges = dict(edges)
+        s.activity = activity if type(activity) is dict else dict(activity)
+        s.edges = edges if type(edges) is dict else dict(edges)
         return s
 
 

@@ -2,6 +2,8 @@ import multiprocessing as mp
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hirflow.state.events import Engagement, Entity
 from hirflow.state.graph import (GraphConfig, GraphStore, IncompatibleStoreError, StoreLockedError,
@@ -139,6 +141,37 @@ def test_a_node_state_round_trips_through_its_stored_form():
     assert back.edges == s.edges and back.activity == s.activity
     assert NodeState.id_and_last(s.pack()) == (s.id, s.last)
     assert all(isinstance(k, tuple) and isinstance(v, tuple) for k, v in back.edges.items())
+
+
+_ids = st.text("abc:123", min_size=1, max_size=6)
+_edges = st.dictionaries(
+    st.tuples(_ids, st.sampled_from(["click", "buy", "runs"]), st.sampled_from([IN, OUT])),
+    st.tuples(st.floats(-1e6, 1e6), st.integers(0, 2**62), st.integers(1, 2**31),
+              st.integers(0, 2**62)), max_size=40)
+_activity = st.dictionaries(st.tuples(st.sampled_from(["click", "buy"]), st.sampled_from([IN, OUT])),
+                            st.tuples(st.floats(0, 1e6), st.integers(0, 2**62)), max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(edges=_edges, activity=_activity, first=st.none() | st.integers(0, 2**62),
+       events=st.integers(0, 2**40))
+def test_any_node_record_round_trips_and_one_in_the_pairs_layout_still_reads(edges, activity,
+                                                                                first, events):
+    """Records keep their edges' order (views and trims follow it), and a record in the layout
+    of earlier versions (each map as an array of [key, value] pairs, still in stores and
+    change logs) reads back the same."""
+    import msgspec
+    from hirflow.state.node import NodeState
+    s = NodeState("user:7")
+    s.first, s.last, s.events, s.edges, s.activity = first, first, events, edges, activity
+    pairs_layout = msgspec.msgpack.encode([s.id, s.first, s.last, s.events,
+                                           list(activity.items()), list(edges.items())])
+    for raw in (s.pack(), pairs_layout):
+        back = NodeState.unpack(raw)
+        assert (back.id, back.first, back.last, back.events) == (s.id, s.first, s.last, s.events)
+        assert list(back.edges.items()) == list(edges.items())
+        assert back.activity == activity and type(back.edges) is dict
+        assert NodeState.id_and_last(raw) == (s.id, s.last)
 
 
 def test_a_store_refuses_a_worker_of_another_topology(tmp_path):
