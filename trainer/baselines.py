@@ -27,6 +27,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from hirflow.encoder.collaborative import ease_weights, fit_weighted
 from hirflow.trainer.ranking import RankingTask, per_user_metrics
 
 log = logging.getLogger(__name__)
@@ -50,31 +51,20 @@ def item_knn(task: RankingTask, params: Mapping) -> np.ndarray:
     return np.asarray(r[task.eval_users] @ sim)
 
 
-def _ease_weights(x: sp.csr_matrix, lam: float) -> np.ndarray:
-    """EASE^R's closed form: B = I - P diag(1 / diag(P)), P = (X^T X + lam I)^-1."""
-    g = (x.T @ x).toarray().astype(np.float64)
-    g[np.diag_indices_from(g)] += lam
-    p = np.linalg.inv(g)
-    b = -p / np.diag(p)[None, :]
-    np.fill_diagonal(b, 0.0)
-    return b
-
-
 def ease(task: RankingTask, params: Mapping) -> np.ndarray:
     r = task.history
-    return np.asarray(r[task.eval_users] @ _ease_weights(r, params["lam"]))
+    return np.asarray(r[task.eval_users] @ ease_weights(r, params["lam"]))
 
 
 def ease_recent(task: RankingTask, params: Mapping) -> np.ndarray:
     """EASE^R fitted on pairs weighted by how recent they are, exp(t / `days`) with t the
     pair's last engagement before the window (so <= 0), scaled so that the squared weights
     sum to the number of pairs (lambda keeps its binary scale); users' rows binary, as in
-    `ease`. Recent co-purchases count more: a catalogue and its seasons move."""
-    last = task.last_ts.tocsr()
-    w = np.exp(last.data / (params["days"] * 86_400_000.0))
-    w *= np.sqrt(len(w) / float(np.sum(w * w))) if len(w) else 1.0
-    x = sp.csr_matrix((w, last.indices, last.indptr), shape=last.shape)
-    return np.asarray(task.history[task.eval_users] @ _ease_weights(x, params["lam"]))
+    `ease`; the weights are the block's own fit weights (`encoder.collaborative.fit_weighted`).
+    Recent co-purchases count more: a catalogue and its seasons move."""
+    last = task.last_ts.tocoo()
+    x = fit_weighted(last.row, last.col, last.data, last.shape, params["days"])
+    return np.asarray(task.history[task.eval_users] @ ease_weights(x, params["lam"]))
 
 
 def als(task: RankingTask, params: Mapping) -> np.ndarray:
