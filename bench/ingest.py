@@ -4,7 +4,7 @@ Measured in the same run, on the same topic of Zipf-skewed synthetic engagements
   raw    confluent-kafka consume(num_messages) + msgpack decode (the upper bound)
   faust  a plain faust agent that only counts, with stream.take(1000, within=0.1)
   hirflow the ingest loop: consume, validate, apply to the write-back cache, commit state +
-         dirty markers + offsets in one RocksDB batch per consume call
+         dirty markers + offsets in one RocksDB batch every ingest.commit_interval_ms
 
     python bench/ingest.py [--quick] [--events N] [--repeat R] [--profile]
 
