@@ -13,6 +13,7 @@ training time and peak memory.
 
     python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--no-unit-users]
                             [--weight-rule best|one_se] [--recency-days DAYS] [--fit-days DAYS]
+                            [--factorization reduced_rank|svd]
                             [--device cpu|cuda] [--seed N]
 
 The Online Retail file (`online_retail.csv.gz`, see `streams/adapters/online_retail.py`) is
@@ -90,7 +91,8 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
                       max_steps_per_chunk=2 if a.quick else None,
                       collaborative=CollaborativeConfig(unit_users=a.unit_users, weight_rule=a.weight_rule,
                                                         recency_days=a.recency_days,
-                                                        fit_days=a.fit_days))
+                                                        fit_days=a.fit_days,
+                                                        factorization=a.factorization))
     stats: dict = {}
     t = time.perf_counter()
     ck = train(train_evs, schema, enc, cfg, out / f"{name}-ck", texts=texts, device=a.device,
@@ -165,6 +167,10 @@ def main() -> None:
     ap.add_argument("--fit-days", type=float, default=None, metavar="DAYS",
                     help="tau of the pairs' recency weights in the block's EASE^R fit (0: all "
                          "alike; default: chosen with lambda by the trainer's holdout)")
+    ap.add_argument("--factorization", choices=["reduced_rank", "svd"], default="reduced_rank",
+                    help="how the block's EASE^R weights are cut to its rank: the rank-r model "
+                         "closest to EASE^R's scores of the training users (default), or the "
+                         "weights' truncated SVD")
     ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
                     help="MiniLM texts as world knowledge (default: on, off with --quick)")
     ap.add_argument("--device", choices=["cpu", "cuda"])

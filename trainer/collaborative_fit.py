@@ -75,7 +75,7 @@ class CollaborativeFit:
                 ei = embed(student, sampler, list(self.data.items), cutoff, student.cfg, texts, dev)
             weight, w_tried = h.choose_weight(eu @ ei.T, lam, rank, self.cfg.weight_grid,
                                                self.cfg.unit_users, self.cfg.weight_rule, days,
-                                               fit_days)
+                                               fit_days, self.cfg.factorization)
         self.choice = {"at": cutoff + 1, "usable": True, "l2": lam, "fit_days": fit_days,
                        "recency_days": days, "weight": weight, "holdout_users": int(len(h.judged)),
                        # keyed "lambda/fit tau"
@@ -104,7 +104,8 @@ class CollaborativeFit:
         codes = self.schema.action_codes()
         block = C.fit(self.data, choice["l2"], self.cfg.rank, [codes[a] for a in self.positive],
                       (self.schema.user_type,), {"holdout": choice}, self.cfg.unit_users,
-                      choice.get("recency_days") or 0.0, choice.get("fit_days") or 0.0)
+                      choice.get("recency_days") or 0.0, choice.get("fit_days") or 0.0,
+                      self.cfg.factorization)
         if block is None:
             return None
         row = {n: i for i, n in enumerate(nodes)}

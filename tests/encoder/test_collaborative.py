@@ -4,6 +4,7 @@ recently it engaged each, set to a fixed length, and the served embedding carrie
 a checkpoint into serving."""
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
 from hirflow.encoder import collaborative as C
@@ -43,11 +44,15 @@ def test_a_block_scores_as_rank_truncated_ease_and_the_holdout_chooses_from_its_
     w, w_tried = h.choose_weight(np.zeros((len(h.judged), 6)), lam, 3, (0.5, 2.0), rule="best")
     assert w in (0.5, 2.0) and w_tried[w] == max(w_tried.values())
 
-    block = C.fit(data, lam, 64, [3], ("user",))
+    block = C.fit(data, lam, 64, [3], ("user",), factorization="svd")
     assert block.items == tuple(sorted(ITEMS)) and block.rank == 5   # at most items - 1
     b = C.ease_weights(data.matrix(), lam)
     u, s, vt = np.linalg.svd(b)
     np.testing.assert_allclose(block.query @ block.key.T, (u[:, :5] * s[:5]) @ vt[:5], atol=1e-5)
+    reduced = C.fit(data, lam, 64, [3], ("user",))                  # the default
+    assert reduced.settings["factorization"] == "reduced_rank" and reduced.rank == 5
+    q, k = C.reduced_rank(b, data.matrix(), 5)
+    np.testing.assert_allclose(reduced.query @ reduced.key.T, q @ k.T, atol=1e-6)
     # encoder scores spread (std) 2, block scores 0.5, weight 0.5: block scores times 2
     scaled = C.scaled(block, np.array([0.0, 4.0]), np.array([0.0, 1.0]), 0.5)
     assert scaled.settings["scale"] == 2.0
@@ -92,12 +97,12 @@ def test_the_one_standard_error_rule_takes_the_lightest_weight_level_with_the_be
     data = C.Interactions.of(engagements(rng, users=300, per_user=6, groups=8, per_group=8),
                              ("user",), ("product",), max_items=100)
     h = C.Holdout.at_time(data, data.quantile_time(0.7))
-    q, k = C.truncated(C.ease_weights(h.before, 10.0), 16)
+    q, k = C.truncated(C.ease_weights(h.before, 10.0), 16)    # as choose_weight cuts it below
     block = C.user_rows(h.before[h.judged], q, 1.0) @ k.T
     grid = (0.25, 0.5, 1.0, 2.0, 4.0)
     enc = block + 2 * block.std() * np.random.default_rng(5).standard_normal(block.shape)
-    best, tried = h.choose_weight(enc, 10.0, 16, grid, rule="best")
-    lightest, _ = h.choose_weight(enc, 10.0, 16, grid, rule="one_se")
+    best, tried = h.choose_weight(enc, 10.0, 16, grid, rule="best", factorization="svd")
+    lightest, _ = h.choose_weight(enc, 10.0, 16, grid, rule="one_se", factorization="svd")
     assert lightest < best and tried[best] == max(tried.values())
     unit = enc.std() / block.std()
     per = {w: h.per_user(enc + w * unit * block) for w in grid}
@@ -299,6 +304,31 @@ def test_large_catalogues_truncate_with_arpack_to_the_same_product():
     np.testing.assert_allclose(q @ k.T, low, atol=1e-6)       # the noise is 1e-4 / n
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2 ** 31 - 1), users=st.integers(5, 60), items=st.integers(3, 30),
+       density=st.floats(0.05, 0.6), lam=st.floats(0.1, 100.0), rank=st.integers(1, 30))
+def test_the_reduced_rank_is_the_rank_r_model_closest_to_easer_on_its_users(seed, users, items,
+                                                                             density, lam, rank):
+    """For any users x items history: the reduced rank's scores of the fitting users are at
+    least as close to EASE^R's as those of B's truncated SVD of the same rank (it is the best
+    rank-r approximation of the score matrix, which the truncated B's scores are one of), and
+    exactly EASE^R's at full rank."""
+    rng = np.random.default_rng(seed)
+    x = sp.csr_matrix((rng.random((users, items)) < density).astype(np.float64))
+    b = C.ease_weights(x, lam)
+    rank = min(rank, items)
+    scores = np.asarray(x @ b)
+    q, k = C.reduced_rank(b, x, rank)
+    qs, ks = C.truncated(b, rank)
+    err = np.linalg.norm(scores - x @ (q @ k.T))
+    err_svd = np.linalg.norm(scores - x @ (qs @ ks.T))
+    assert err <= err_svd * (1 + 1e-4) + 1e-4
+    q, k = C.reduced_rank(b, x, items)
+    np.testing.assert_allclose(q @ k.T, b, atol=2e-4)
+
+
 def test_an_unknown_weight_rule_is_refused():
     with pytest.raises(ValueError, match="weight_rule"):
         C.CollaborativeConfig(weight_rule="median")
+    with pytest.raises(ValueError, match="factorization"):
+        C.CollaborativeConfig(factorization="pca")
