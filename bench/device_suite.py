@@ -10,6 +10,12 @@ busy share and memory with `nvidia-smi` twice a second:
 3. `bench/freshness.py` once per rate of `--rates` (its own broker and worker each time, so
    each rate has its own GPU share), serving the bench's own checkpoint (trained on the first
    run, reused after): endpoint p50 / p99 and refresh nodes/s at each rate.
+4. `bench/scale.py --workers 1,2,4,8` (counts up to half the cores, 1,000,000 events): ingest
+   and refresh throughput of several worker processes on one broker, each with its share of
+   the cores' sampling processes: the way past one worker's interpreter lock.
+
+`--only NAME,...` runs some of the steps (train, encode, freshness, scale), so a second short
+call can run what the budget skipped.
 
 Each benchmark's output goes to OUT/NAME.log, the collected figures to OUT/suite.json, and
 the last line printed is one JSON object: per step its figures and GPU share, the highest
@@ -19,13 +25,14 @@ without `nvidia-smi` runs the steps on its CPU and reports no GPU share; `--quic
 steps, under a minute here once the freshness bench's small model exists) checks that the
 suite runs, and its figures are not a GPU's.
 
-The steps take about 8 minutes with the defaults. Thread pools are the project's own (the
+The steps take about 12 minutes with the defaults, more than the default budget: the last
+ones are skipped and said so unless `--budget-s` or `--only` makes room. Thread pools are the project's own (the
 worker's sampling processes one OpenMP thread each, `refresh.cpu_threads` in the worker);
 the suite sets nothing beyond them, so it measures what a user's defaults give. From a
 source tree without an install, put the tree on the path as `hirflow`:
 `mkdir -p /tmp/src && ln -s "$PWD" /tmp/src/hirflow && PYTHONPATH=/tmp/src python bench/device_suite.py`.
 
-    python bench/device_suite.py [--quick] [--out DIR] [--budget-s 540]
+    python bench/device_suite.py [--quick] [--out DIR] [--budget-s 540] [--only STEPS]
                                  [--rates 5000,10000,20000,40000] [--seconds 30] [--bound-ms 1000]
 """
 from __future__ import annotations
@@ -157,20 +164,29 @@ def run_step(step: Step, out: Path, deadline: float) -> None:
           + (f", GPU busy {share['value']:.0%}" if share else ""), flush=True)
 
 
+STEPS = ("train", "encode", "freshness", "scale")
+
+
 def plan(a, device: str, cores: int) -> list[Step]:
-    counts = [p for p in (1, 2, 4, 8) if p == 1 or p <= cores // 2]
+    """The steps to run, in order: those of `a.only` (comma-separated names of STEPS; every
+    step when empty)."""
+    counts = ",".join(str(p) for p in (1, 2, 4, 8) if p == 1 or p <= cores // 2)
+    only = set(a.only.split(",")) if a.only else set(STEPS)
+    if only - set(STEPS):
+        raise SystemExit(f"--only: unknown steps {sorted(only - set(STEPS))}; the steps are {', '.join(STEPS)}")
     if a.quick:
-        return [Step("train", ["bench/train.py", "--quick", "--device", device], 20),
-                Step("freshness-1000", ["bench/freshness.py", "--quick", "--rates", "1000",
-                                        "--seconds", "3", "--warmup", "2", "--drain-s", "1"], 40)]
-    steps = [Step("train", ["bench/train.py", "--quick", "--device", device], 60),
-             Step("encode", ["bench/encode.py", "--device", device, "--processes",
-                             ",".join(map(str, counts))], 150)]
-    for r in a.rates.split(","):
-        steps.append(Step(f"freshness-{int(float(r))}",
-                          ["bench/freshness.py", "--rates", r, "--seconds", str(a.seconds),
-                           "--warmup", str(a.warmup), "--drain-s", "5"], a.seconds + a.warmup + 30))
-    return steps
+        steps = [Step("train", ["bench/train.py", "--quick", "--device", device], 20),
+                 Step("freshness-1000", ["bench/freshness.py", "--quick", "--rates", "1000",
+                                         "--seconds", "3", "--warmup", "2", "--drain-s", "1"], 40)]
+    else:
+        steps = [Step("train", ["bench/train.py", "--quick", "--device", device], 60),
+                 Step("encode", ["bench/encode.py", "--device", device, "--processes", counts], 150)]
+        for r in a.rates.split(","):
+            steps.append(Step(f"freshness-{int(float(r))}",
+                              ["bench/freshness.py", "--rates", r, "--seconds", str(a.seconds),
+                               "--warmup", str(a.warmup), "--drain-s", "5"], a.seconds + a.warmup + 30))
+        steps.append(Step("scale", ["bench/scale.py", "--workers", counts, "--events", "1000000"], 240))
+    return [s for s in steps if s.name.split("-")[0] in only]
 
 
 def summary(steps: list[Step], bound_ms: float, device: str, cores: int) -> dict:
@@ -183,7 +199,8 @@ def summary(steps: list[Step], bound_ms: float, device: str, cores: int) -> dict
         for key, v in f.items():
             if key.startswith("endpoint_p99_ms_at_"):
                 p99[float(key.rsplit("_", 1)[1])] = float(v["value"])
-            if key.startswith("refresh_nodes_per_s_at_") or key.startswith("pipeline_nodes_per_s_"):
+            if key.startswith(("refresh_nodes_per_s_at_", "pipeline_nodes_per_s_")) \
+                    or (key.startswith("refresh_") and key.endswith("_workers")):
                 refresh[f"{s.name}:{key}"] = float(v["value"])
     best = highest_holding(p99, bound_ms)
     out["highest_rate_holding_p99"] = {"value": best, "unit": "ev/s", "bound_ms": bound_ms,
@@ -203,6 +220,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a check that the suite runs (two short steps)")
     ap.add_argument("--out", default="var/bench/device-suite", help="where the logs and suite.json go")
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting steps past this")
+    ap.add_argument("--only", default="", metavar="STEPS",
+                    help=f"run only these steps, comma-separated ({', '.join(STEPS)}; default: all)")
     ap.add_argument("--rates", default="5000,10000,20000,40000", help="freshness rates, one run each")
     ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds per rate")
     ap.add_argument("--warmup", type=float, default=20.0, help="warm-up seconds per rate (compiles)")

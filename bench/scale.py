@@ -15,13 +15,18 @@ workers route to each other (`worker.peer_url`): views read other workers' nodes
 owners, counted as peer reads.
 
 On a machine with fewer cores than processes the workers take CPU from each other: read
-the ratios with the CPU figures. The last line is one JSON object.
+the ratios with the CPU figures. Each worker reads the machine's cores as its own, so the
+bench sets `refresh.sample_processes` to the cores over twice the worker count (at least 1):
+the sampling processes of all the workers together are the one-per-two-cores a single
+worker would start, as a user running several workers on one machine should set it. The
+last line is one JSON object.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -32,6 +37,7 @@ from hirflow.encoder.model import EncoderConfig
 from hirflow.state.config import build
 from hirflow.state.events import Engagement
 from hirflow.streams.broker import EmbeddedBroker
+from hirflow.streams.cores import available_cores
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.replay import produce
 from hirflow.streams.synth import SynthConfig, SynthWorld
@@ -72,7 +78,9 @@ def run(base: HirflowConfig, evs, count: int, checkpoint: Path, tmp: Path, broke
                "HIRFLOW_WORKER__CHANGELOG": "true", "HIRFLOW_GRAPH__PATH": str(tmp / f"{count}-{i}"),
                "HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": str(checkpoint),
                "HIRFLOW_REFRESH__CPU_THREADS": "1", "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.25",
-               "HIRFLOW_INGEST__GROUP_ID": f"scale-{count}-{i}"}
+               "HIRFLOW_INGEST__GROUP_ID": f"scale-{count}-{i}",
+               # the machine's share of one worker, not the whole machine each
+               "HIRFLOW_REFRESH__SAMPLE_PROCESSES": str(max(1, available_cores() // (2 * count)))}
         workers.append(WorkerProcess(cfg, tmp / f"worker-{count}-{i}.log", env).start())
     t0 = time.monotonic()
     cpu: list[list[float]] = []         # per sample, each worker's CPU seconds so far
@@ -144,16 +152,21 @@ def main() -> None:
                        TrainConfig(seed=1, max_steps_per_chunk=2, collaborative=CollaborativeConfig(rank=0)),
                        tmp / "ckpt", progress=False)
     results = []
-    with EmbeddedBroker() as broker:
-        base = build(HirflowConfig, {"kafka": {"bootstrap": broker.bootstrap, "partitions": a.partitions}})
-        for count in (int(x) for x in a.workers.split(",")):
-            r = run(base, evs, count, checkpoint, tmp, broker.proc.pid)
-            results.append(r)
-            print(f"{count} worker(s): ingest {r['ingest_events_per_s']:,} events/s, refresh "
-                  f"{r['refresh_nodes_per_s']:,} nodes/s ({r['nodes_refreshed']:,} re-encoded), "
-                  f"cores per worker {r['cores_per_worker']}, broker {r['broker_cores']}, "
-                  f"nodes read from peers {r['peer_reads']:,} ({r['peer_missing']:,} missing), {r['wall_s']} s",
-                  flush=True)
+    try:
+        with EmbeddedBroker() as broker:
+            base = build(HirflowConfig, {"kafka": {"bootstrap": broker.bootstrap, "partitions": a.partitions}})
+            for count in (int(x) for x in a.workers.split(",")):
+                r = run(base, evs, count, checkpoint, tmp, broker.proc.pid)
+                results.append(r)
+                print(f"{count} worker(s): ingest {r['ingest_events_per_s']:,} events/s, refresh "
+                      f"{r['refresh_nodes_per_s']:,} nodes/s ({r['nodes_refreshed']:,} re-encoded), "
+                      f"cores per worker {r['cores_per_worker']}, broker {r['broker_cores']}, "
+                      f"nodes read from peers {r['peer_reads']:,} ({r['peer_missing']:,} missing), {r['wall_s']} s",
+                      flush=True)
+    except BaseException:
+        print(f"the workers' logs and state are kept in {tmp}", file=sys.stderr)
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)          # the stores of every count: gone once measured
     one = results[0]
     out = {"events": {"value": len(evs), "unit": "events"}, "cores_here": {"value": os.cpu_count(), "unit": "cores"}}
     for r in results:

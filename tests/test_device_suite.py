@@ -1,8 +1,10 @@
 """The GPU machine's suite (`bench/device_suite.py`): how it reads the benchmarks' output and
 `nvidia-smi`, and how it sums up the rates; running the suite itself is `--quick`'s job."""
+import argparse
 import json
 import math
 
+import pytest
 from hypothesis import given, strategies as st
 
 from bench import device_suite as S
@@ -50,3 +52,32 @@ def test_summary_collects_rates_refresh_and_goals():
     assert out["refresh_nodes_per_s_max"]["ratio_to_goal"] == 1.2
     assert out["endpoint_p99_ms_at_20000"]["ratio_to_goal"] == 1.25
     assert out["train"]["status"].startswith("skipped") and out["train"]["figures"] is None
+
+
+def test_plan_counts_processes_and_workers_by_cores_and_runs_only_the_steps_asked():
+    def args(only=""):
+        return argparse.Namespace(quick=False, only=only, rates="5000,20000", seconds=30.0, warmup=20.0)
+
+    steps = S.plan(args(), "cuda", 16)
+    assert [s.name for s in steps] == ["train", "encode", "freshness-5000", "freshness-20000", "scale"]
+    scale = steps[-1].argv
+    assert scale[scale.index("--workers") + 1] == "1,2,4,8"
+    encode = steps[1].argv
+    assert encode[encode.index("--processes") + 1] == "1,2,4,8"
+    two = S.plan(args(), "cpu", 2)[-1].argv                   # a 2-core machine: one of each
+    assert two[two.index("--workers") + 1] == "1"
+    assert [s.name for s in S.plan(args("scale,freshness"), "cuda", 16)] == \
+        ["freshness-5000", "freshness-20000", "scale"]
+    with pytest.raises(SystemExit, match="unknown steps"):
+        S.plan(args("gpu"), "cuda", 16)
+
+
+def test_summary_takes_the_scale_steps_refresh_as_well():
+    scale = S.Step("scale", [], 0, status="ok",
+                   figures={"refresh_1_workers": {"value": 3_000, "unit": "nodes/s"},
+                            "refresh_8_workers": {"value": 21_000, "unit": "nodes/s"},
+                            "ingest_8_workers": {"value": 400_000, "unit": "events/s"}})
+    out = S.summary([scale], 1_000.0, "cuda", 16)
+    assert out["refresh_nodes_per_s_max"] == {"value": 21_000, "unit": "nodes/s",
+                                              "from": "scale:refresh_8_workers", "ratio_to_goal": 1.05}
+    assert out["highest_rate_holding_p99"]["value"] is None
