@@ -269,12 +269,14 @@ def reduced_rank(b: np.ndarray, x: sp.csr_matrix, rank: int) -> tuple[np.ndarray
     users x items scores) to EASE^R's scores x B of the users of `x` (their binary
     histories), V the top-r eigenvectors of (X B)^T (X B), D their singular values relative
     to the largest (the inner product is x B V V^T whatever D; D keeps the key's columns
-    ordered by weight, as the SVD's are). Cheaper than `truncated`: one I x I product and the
-    top-r eigenvectors of a symmetric matrix (3,600 items: 3 s against 10 s for B's SVD)."""
+    ordered by weight, as the SVD's are). (X B)^T (X B) is formed as B^T (X^T X) B, so memory
+    stays I x I whatever the number of users. Cheaper than `truncated`: two I x I products
+    and the top-r eigenvectors of a symmetric matrix (3,600 items, rank 128, 2 cores: 3.4 s
+    with 4,300 users, 4.0 s with 40,000, against 10.1 s for B's SVD)."""
     n = b.shape[0]
     rank = min(rank, n)
-    s = np.asarray(x @ b)
-    val, vec = scipy.linalg.eigh(s.T @ s, subset_by_index=[n - rank, n - 1])
+    gram = (x.T @ x).toarray().astype(np.float64)
+    val, vec = scipy.linalg.eigh(b.T @ (gram @ b), subset_by_index=[n - rank, n - 1])
     order = np.argsort(-val, kind="stable")
     val, vec = np.maximum(val[order], 0.0), vec[:, order]
     sv = np.sqrt(val)
