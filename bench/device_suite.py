@@ -26,9 +26,11 @@ steps, under a minute here once the freshness bench's small model exists) checks
 suite runs, and its figures are not a GPU's.
 
 The steps take about 12 minutes with the defaults, more than the default budget: the last
-ones are skipped and said so unless `--budget-s` or `--only` makes room. Thread pools are the project's own (the
-worker's sampling processes one OpenMP thread each, `refresh.cpu_threads` in the worker);
-the suite sets nothing beyond them, so it measures what a user's defaults give. From a
+ones are skipped and said so unless `--budget-s` or `--only` makes room. Thread pools are
+the project's own (the worker's sampling processes one OpenMP thread each,
+`refresh.cpu_threads` in the worker; `bench/scale.py` shares the sampling processes out
+among its workers); the suite sets nothing beyond them, so it measures what a user's
+defaults give. From a
 source tree without an install, put the tree on the path as `hirflow`:
 `mkdir -p /tmp/src && ln -s "$PWD" /tmp/src/hirflow && PYTHONPATH=/tmp/src python bench/device_suite.py`.
 
