@@ -13,7 +13,7 @@ training time and peak memory.
 
     python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--no-unit-users]
                             [--weight-rule best|one_se] [--recency-days DAYS] [--fit-days DAYS]
-                            [--factorization reduced_rank|svd]
+                            [--fit-rule scales|choose] [--factorization reduced_rank|svd]
                             [--device cpu|cuda] [--seed N]
 
 The Online Retail file (`online_retail.csv.gz`, see `streams/adapters/online_retail.py`) is
@@ -91,7 +91,7 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
                       max_steps_per_chunk=2 if a.quick else None,
                       collaborative=CollaborativeConfig(unit_users=a.unit_users, weight_rule=a.weight_rule,
                                                         recency_days=a.recency_days,
-                                                        fit_days=a.fit_days,
+                                                        fit_days=a.fit_days, fit_rule=a.fit_rule,
                                                         factorization=a.factorization))
     stats: dict = {}
     t = time.perf_counter()
@@ -166,7 +166,11 @@ def main() -> None:
                          "(0: all alike; default: chosen by the trainer's holdout)")
     ap.add_argument("--fit-days", type=float, default=None, metavar="DAYS",
                     help="tau of the pairs' recency weights in the block's EASE^R fit (0: all "
-                         "alike; default: chosen with lambda by the trainer's holdout)")
+                         "alike; default: as --fit-rule says)")
+    ap.add_argument("--fit-rule", choices=["scales", "choose"], default="scales",
+                    help="without --fit-days: the block's EASE^R fitted at several recency scales "
+                         "and the fits summed (default), or one tau chosen with lambda by the "
+                         "trainer's holdout")
     ap.add_argument("--factorization", choices=["reduced_rank", "svd"], default="reduced_rank",
                     help="how the block's EASE^R weights are cut to its rank: the rank-r model "
                          "closest to EASE^R's scores of the training users (default), or the "

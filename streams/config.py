@@ -130,6 +130,7 @@ class RefreshConfig:
 
 
 OBJECTIVES = ("softmax", "bce")
+FIT_RULES = ("scales", "choose")        # encoder.collaborative.FIT_RULES (kept import-light)
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,11 @@ class TrainSection:
                                         # user's items in its block (0: all alike; unset: chosen
                                         # on the training window's last 10 %)
     collaborative_fit_days: float | None = None   # tau of the pairs' recency weights in
-                                        # EASE^R's fit (0: all alike; unset: chosen with its
-                                        # lambda on the training window's last 10 %)
+                                        # EASE^R's fit (0: all alike; unset: as
+                                        # collaborative_fit_rule says)
+    collaborative_fit_rule: str = "scales"   # scales: EASE^R fitted at recency scales of 15
+                                        # to 240 days, the fits summed; choose: one scale (or
+                                        # none), chosen with lambda on the window's last 10 %
     sample_workers: int = 1             # threads sampling views ahead of the model (0: inline)
     knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
     announce: bool = True               # announce each complete checkpoint on hirflow.checkpoints
@@ -176,6 +180,9 @@ class TrainSection:
                 or (self.collaborative_recency_days or 0) < 0 or (self.collaborative_fit_days or 0) < 0:
             raise ValueError("train.collaborative_rank, collaborative_weight, "
                              "collaborative_recency_days and collaborative_fit_days must be >= 0")
+        if self.collaborative_fit_rule not in FIT_RULES:
+            raise ValueError(f"train.collaborative_fit_rule must be one of {FIT_RULES}, "
+                             f"got {self.collaborative_fit_rule!r}")
         if self.passes < 1 or self.sample_workers < 0 or self.min_steps < 0 \
                 or (self.rounds is not None and self.rounds < 1) \
                 or (self.steps_per_chunk is not None and self.steps_per_chunk < 1):

@@ -27,7 +27,8 @@ def run_options(cfg: HirflowConfig, resume: bool = False, log_path: str | None =
                         collaborative=CollaborativeConfig(rank=tc.collaborative_rank,
                                                           weight=tc.collaborative_weight,
                                                           recency_days=tc.collaborative_recency_days,
-                                                          fit_days=tc.collaborative_fit_days),
+                                                          fit_days=tc.collaborative_fit_days,
+                                                          fit_rule=tc.collaborative_fit_rule),
                         log_path=log_path)
     return RunOptions(train_share=tc.train_share, fit_validation=tc.fit_validation,
                       window_s=parse_duration(tc.window) if tc.window else None,

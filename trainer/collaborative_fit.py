@@ -2,7 +2,8 @@
 (`encoder.collaborative`).
 
 Four settings are chosen on a holdout of the training window itself, never on validation or
-test: EASE^R's lambda with the tau of its fit's pair weights, then the tau of the recency
+test: EASE^R's lambda with its fit (the sum of fits at several recency scales by default, or
+one tau of the pairs' weights: `CollaborativeConfig.fit_rule`), then the tau of the recency
 weights of a user's items (all by the block alone), and the block's weight against the
 encoder. The holdout starts at the
 first time chunk that begins in the window's last `holdout` share of positive engagements.
@@ -61,8 +62,7 @@ class CollaborativeFit:
         if not h.usable:
             self.choice = {"at": cutoff + 1, "usable": False}
             return
-        fit_grid = self.cfg.fit_grid if self.cfg.fit_days is None else (self.cfg.fit_days,)
-        lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, fit_grid)
+        lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, self.cfg.fits())
         days, days_tried = self.cfg.recency_days, {}
         if days is None:
             days, days_tried = h.choose_recency(lam, self.cfg.recency_grid, fit_days)
@@ -76,14 +76,15 @@ class CollaborativeFit:
             weight, w_tried = h.choose_weight(eu @ ei.T, lam, rank, self.cfg.weight_grid,
                                                self.cfg.unit_users, self.cfg.weight_rule, days,
                                                fit_days, self.cfg.factorization)
-        self.choice = {"at": cutoff + 1, "usable": True, "l2": lam, "fit_days": fit_days,
+        self.choice = {"at": cutoff + 1, "usable": True, "l2": lam, "fit_days": C.fit_json(fit_days),
                        "recency_days": days, "weight": weight, "holdout_users": int(len(h.judged)),
-                       # keyed "lambda/fit tau"
-                       "l2_recall@20": {f"{k[0]:g}/{k[1]:g}": round(v, 5) for k, v in l2_tried.items()},
+                       # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
+                       "l2_recall@20": {f"{k[0]:g}/{C.fit_label(k[1])}": round(v, 5)
+                                        for k, v in l2_tried.items()},
                        "recency_recall@20": {str(k): round(v, 5) for k, v in days_tried.items()},
                        "weight_recall@20": {str(k): round(v, 5) for k, v in w_tried.items()}}
-        log.info("collaborative block: holdout of %d users chose lambda %g, fit tau %g days, "
-                 "recency tau %g days, weight %g (%.1f s)", len(h.judged), lam, fit_days, days,
+        log.info("collaborative block: holdout of %d users chose lambda %g, fit tau %s days, "
+                 "recency tau %g days, weight %g (%.1f s)", len(h.judged), lam, C.fit_label(fit_days), days,
                  weight, time.perf_counter() - t)
 
     def block(self, embs: np.ndarray, nodes: list[str], sampler: ViewSampler) -> C.CollaborativeBlock | None:
@@ -94,12 +95,12 @@ class CollaborativeFit:
         choice = self.choice if self.choice and self.choice.get("usable") else None
         if choice is None:
             h = C.Holdout.at_time(self.data, self.start)
-            fit_days = self.cfg.fit_days or 0.0
+            fit_days = self.cfg.fits()[0]       # the first candidate: no holdout to choose one
             lam = h.choose_fit(self.cfg.l2_grid, (fit_days,))[0] if h.usable \
                 else sorted(self.cfg.l2_grid)[len(self.cfg.l2_grid) // 2]
             weight = self.cfg.weight if self.cfg.weight is not None else DEFAULT_WEIGHT
             log.warning("collaborative block: no holdout chunk to choose its weight on; weight %g", weight)
-            choice = {"l2": lam, "weight": weight, "usable": False, "fit_days": fit_days,
+            choice = {"l2": lam, "weight": weight, "usable": False, "fit_days": C.fit_json(fit_days),
                       "recency_days": self.cfg.recency_days or 0.0}
         codes = self.schema.action_codes()
         block = C.fit(self.data, choice["l2"], self.cfg.rank, [codes[a] for a in self.positive],

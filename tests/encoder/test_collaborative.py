@@ -172,6 +172,35 @@ def test_the_holdout_fits_on_recent_pairs_when_items_change_company():
     assert days == 20.0 and tried[(10.0, 20.0)] > tried[(10.0, 0.0)] + 0.05, tried
     block = C.fit(data, lam, 16, [0], ("user",), fit_days=days)
     assert block.settings["fit_days"] == 20.0
+    # the fits at several scales summed (the default) follow the new groups as well
+    lam, fit, tried = h.choose_fit((10.0,), (0.0, (20.0, 80.0)))
+    assert fit == (20.0, 80.0) and tried[(10.0, fit)] > tried[(10.0, 0.0)] + 0.05, tried
+    assert C.fit(data, lam, 16, [0], ("user",), fit_days=fit).settings["fit_days"] == [20.0, 80.0]
+
+
+def test_a_sum_of_recency_scales_gives_each_scale_the_same_say():
+    """`ease_scales` with several taus is the mean of each tau's EASE^R weights divided by the
+    root mean square of its scores of the fitting users (their binary rows); with one tau it
+    is that tau's fit, unscaled."""
+    rng = np.random.default_rng(2)
+    rows, cols = rng.integers(0, 30, 300), rng.integers(0, 12, 300)
+    t = rng.uniform(0, 90, 300) * C.DAY_MS
+    shape = (30, 12)
+    x = C.recency_weighted(rows, cols, t, shape, 0.0).toarray()
+    fits = [C.ease_weights(C.fit_weighted(rows, cols, t, shape, d), 5.0) for d in (10.0, 60.0)]
+    want = sum(b / np.sqrt(np.mean((x @ b) ** 2)) for b in fits) / 2
+    np.testing.assert_allclose(C.ease_scales(rows, cols, t, shape, 5.0, (10.0, 60.0)), want,
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(C.ease_scales(rows, cols, t, shape, 5.0, 10.0), fits[0])
+    np.testing.assert_array_equal(C.ease_scales(rows, cols, t, shape, 5.0, (10.0,)), fits[0])
+
+
+def test_the_config_chooses_among_the_fits_its_rule_names():
+    assert C.CollaborativeConfig().fits() == ((15.0, 30.0, 60.0, 120.0, 240.0),)
+    assert C.CollaborativeConfig(fit_rule="choose").fits() == C.CollaborativeConfig().fit_grid
+    assert C.CollaborativeConfig(fit_days=7.0).fits() == (7.0,)
+    with pytest.raises(ValueError, match="fit_rule"):
+        C.CollaborativeConfig(fit_rule="mean")
 
 
 def test_the_holdout_weighs_recent_items_more_when_tastes_drift():

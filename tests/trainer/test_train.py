@@ -45,8 +45,10 @@ def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
     assert ck.manifest["collaborative"]["weight"] == chosen["weight"]
     assert ck.manifest["collaborative"]["recency_days"] == chosen["recency_days"]
     c = cfg.collaborative
-    assert chosen["fit_days"] in c.fit_grid
-    assert set(chosen["l2_recall@20"]) == {f"{lam:g}/{d:g}" for lam in c.l2_grid for d in c.fit_grid}
+    # by default EASE^R is fitted at every recency scale and the fits summed; lambda is chosen
+    assert chosen["fit_days"] == list(c.fit_scales)
+    assert set(chosen["l2_recall@20"]) == {f"{lam:g}/" + "+".join(f"{d:g}" for d in c.fit_scales)
+                                           for lam in c.l2_grid}
     assert ck.manifest["collaborative"]["fit_days"] == chosen["fit_days"]
     rows = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert len(rows) == ck.manifest["steps"]
