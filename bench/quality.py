@@ -12,7 +12,8 @@ Reports Recall@20 / NDCG@20 with 95 % intervals, the paired ratio to the best ba
 training time and peak memory.
 
     python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--no-unit-users]
-                            [--weight-rule best|one_se] [--recency-days DAYS] [--fit-days DAYS]
+                            [--weight-rule best|one_se] [--recency-days DAYS]
+                            [--recency-rule mix|choose] [--fit-days DAYS]
                             [--fit-rule scales|choose] [--factorization reduced_rank|svd]
                             [--device cpu|cuda] [--seed N]
 
@@ -91,6 +92,7 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
                       max_steps_per_chunk=2 if a.quick else None,
                       collaborative=CollaborativeConfig(unit_users=a.unit_users, weight_rule=a.weight_rule,
                                                         recency_days=a.recency_days,
+                                                        recency_rule=a.recency_rule,
                                                         fit_days=a.fit_days, fit_rule=a.fit_rule,
                                                         factorization=a.factorization))
     stats: dict = {}
@@ -163,7 +165,11 @@ def main() -> None:
                          "or the lightest within one standard error of the best")
     ap.add_argument("--recency-days", type=float, default=None, metavar="DAYS",
                     help="tau of the recency weights of a user's items in its collaborative block "
-                         "(0: all alike; default: chosen by the trainer's holdout)")
+                         "(0: all alike; default: as --recency-rule says)")
+    ap.add_argument("--recency-rule", choices=["mix", "choose"], default="mix",
+                    help="without --recency-days: a user's items weighted by the mean of their "
+                         "recency weights at several taus (default), or by one tau chosen by the "
+                         "trainer's holdout")
     ap.add_argument("--fit-days", type=float, default=None, metavar="DAYS",
                     help="tau of the pairs' recency weights in the block's EASE^R fit (0: all "
                          "alike; default: as --fit-rule says)")

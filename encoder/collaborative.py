@@ -18,8 +18,11 @@ singular value, the query's rows divided by it: the same products), fixed by
 the checkpoint, and a user's block is the sum of the `query` rows of the items in the user's
 adjacency: it moves with every purchase the worker applies, which is what makes a fresh
 user embedding rank better than a stale one. Each item's row is weighted by how recently the
-user last engaged it, exp((t_item - t_latest) / tau) with `recency_days` = tau (0: all alike):
-a user's last months say more about the next purchase than the year before them, and since
+user last engaged it, exp((t_item - t_latest) / tau) with `recency_days` = tau (0: all alike),
+by default the mean of those weights at tau = 0, 30, 60, 120 and 240 days (`recency_rule`
+"mix"; "choose" takes one tau chosen on the holdout, which chose anything from 0 to 240
+days on successive windows of the same shop): a user's last months say more about the next
+purchase than the year before them, by how much moves with the season, and since
 the weights are relative to the user's own latest engagement a user's block changes only when
 the user acts, never with the clock. That sum is then set to a fixed length
 (`user_norm`): a user's ranking by the block alone does not change, but the block's share of
@@ -71,6 +74,7 @@ QUERY, KEY = "collab.query", "collab.key"     # its (I, rank) matrices in weight
 WEIGHT_RULES = ("best", "one_se")
 FACTORIZATIONS = ("reduced_rank", "svd")
 FIT_RULES = ("scales", "choose")
+RECENCY_RULES = ("mix", "choose")
 DAY_MS = 86_400_000
 
 
@@ -95,7 +99,10 @@ class CollaborativeConfig:
                                      # "best" on Online Retail's validation, 0.88x on its test
                                      # window: docs/evaluation.md)
     recency_days: float | None = None    # tau of a user's item weights (0: all alike; None:
-                                         # chosen on the holdout from `recency_grid`)
+                                         # as `recency_rule` says)
+    recency_rule: str = "mix"        # "mix": each item weighted by the mean of its weights at
+                                     # every tau of `recency_grid`; "choose": one tau of it,
+                                     # chosen on the holdout
     recency_grid: tuple[float, ...] = (0.0, 30.0, 60.0, 120.0, 240.0)
     fit_days: float | None = None    # tau of the pairs' weights in EASE^R's fit (0: binary;
                                      # None: as `fit_rule` says)
@@ -118,13 +125,14 @@ class CollaborativeConfig:
                 or (self.recency_days is not None and self.recency_days < 0) \
                 or not self.recency_grid or min(self.recency_grid) < 0 \
                 or (self.fit_days is not None and self.fit_days < 0) \
-                or self.fit_rule not in FIT_RULES \
+                or self.fit_rule not in FIT_RULES or self.recency_rule not in RECENCY_RULES \
                 or not self.fit_scales or min(self.fit_scales) < 0 \
                 or not self.fit_grid or min(self.fit_grid) < 0:
             raise ValueError("collaborative: rank >= 0, weight >= 0 or None, max_items >= 2, "
                              "holdout in (0, 1), non-empty l2_grid (> 0) and weight_grid (>= 0), "
                              f"weight_rule one of {WEIGHT_RULES}, factorization one of "
-                             f"{FACTORIZATIONS}, fit_rule one of {FIT_RULES}, recency_days and "
+                             f"{FACTORIZATIONS}, fit_rule one of {FIT_RULES}, recency_rule one "
+                             f"of {RECENCY_RULES}, recency_days and "
                              "fit_days >= 0 or None, non-empty recency_grid, fit_scales and "
                              "fit_grid (>= 0)")
 
@@ -136,6 +144,15 @@ class CollaborativeConfig:
         if self.fit_rule == "scales":
             return (tuple(self.fit_scales),)
         return tuple(self.fit_grid)
+
+    def recencies(self) -> tuple[float | tuple[float, ...], ...]:
+        """The users' item weights the holdout chooses among: a tau, or a tuple of taus whose
+        weights are averaged (`recency_weighted`)."""
+        if self.recency_days is not None:
+            return (self.recency_days,)
+        if self.recency_rule == "mix":
+            return (tuple(self.recency_grid),)
+        return tuple(self.recency_grid)
 
 
 @dataclass
@@ -151,8 +168,9 @@ class CollaborativeBlock:
         self.row = {n: i for i, n in enumerate(self.items)}
         # the length of a user's block; None (checkpoints fitted before it existed): the sum
         self.user_norm = self.settings.get("user_norm")
-        # tau of a user's item weights in days; 0 (and checkpoints fitted before it): all alike
-        self.recency_days = float(self.settings.get("recency_days") or 0.0)
+        # taus of a user's item weights in days, their weights averaged; 0 (and checkpoints
+        # fitted before it): all alike
+        self.recency_days = taus_of(self.settings.get("recency_days") or 0.0)
         self.action_mask = np.zeros(max(self.actions, default=0) + 1, bool)
         self.action_mask[list(self.actions)] = True
 
@@ -165,7 +183,7 @@ class CollaborativeBlock:
         an item its `key` row, a query-type node the sum of `query` rows over the distinct
         vocabulary items it engaged with a counted action (edges that existed at `cutoff`,
         None: all), each weighted by the recency of its last such engagement (an edge's
-        `t_ref`, at most `cutoff`) when the block has a `recency_days`, set to length
+        `t_ref`, at most `cutoff`) as its `recency_days` say, set to length
         `user_norm` when it has one, anything else zeros."""
         if edges.nodes != tuple(nodes):
             raise ValueError("the adjacencies are not those of the nodes to embed")
@@ -221,17 +239,20 @@ def _latest_per_pair(rows, cols, t) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def recency_weighted(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape,
-                     days: float) -> sp.csr_matrix:
+                     days: float | Sequence[float]) -> sp.csr_matrix:
     """Users x items weights of engagements (`rows`, `cols`) at times `t` (ms): one entry per
     pair, exp((its latest t - the row's latest t) / `days`), so 1 for a user's latest item;
-    1 everywhere when `days` is 0. Relative to the row's own latest time, not to a clock."""
+    1 everywhere when `days` is 0; with several taus the mean of their weights (a tau of 0
+    weighs 1). Relative to the row's own latest time, not to a clock."""
     if not len(t):
         return sp.csr_matrix(shape, dtype=np.float32)
     r, c, t = _latest_per_pair(rows, cols, t)
-    if days:
+    taus = taus_of(days)
+    if any(taus):
         latest = np.full(shape[0], -np.inf)
         np.maximum.at(latest, r, t)
-        g = np.exp((t - latest[r]) / (days * DAY_MS))
+        age = t - latest[r]
+        g = np.mean([np.exp(age / (d * DAY_MS)) if d else np.ones(len(t)) for d in taus], axis=0)
     else:
         g = np.ones(len(t))
     return sp.csr_matrix((g.astype(np.float32), (r, c)), shape=shape)
@@ -278,13 +299,14 @@ def taus_of(fit: float | Sequence[float]) -> tuple[float, ...]:
     return (float(fit),) if np.isscalar(fit) else tuple(float(d) for d in fit)
 
 
-def fit_json(fit: float | Sequence[float]) -> float | list[float]:
-    """A fit as manifests and the holdout's choice record it: a number or a list of taus."""
+def taus_json(fit: float | Sequence[float]) -> float | list[float]:
+    """A fit (or users' recency weights) as manifests and the holdout's choice record it: a
+    number or a list of taus."""
     taus = taus_of(fit)
     return taus[0] if np.isscalar(fit) else list(taus)
 
 
-def fit_label(fit: float | Sequence[float]) -> str:
+def taus_label(fit: float | Sequence[float]) -> str:
     """"15" for one tau, "15+30+60" for several (the holdout's figures are keyed by it)."""
     return "+".join(f"{d:g}" for d in taus_of(fit))
 
@@ -425,9 +447,10 @@ class Holdout:
         return cls(at, before, judged, [new.indices[new.indptr[u]:new.indptr[u + 1]] for u in judged],
                    history)
 
-    def queries(self, days: float) -> sp.csr_matrix:
-        """The judged users' item weights before `at`, recency-weighted with tau `days`."""
-        if not days:
+    def queries(self, days: float | Sequence[float]) -> sp.csr_matrix:
+        """The judged users' item weights before `at`, recency-weighted with tau `days` (or
+        the mean of several taus' weights)."""
+        if not any(taus_of(days)):
             return self.before[self.judged]
         return recency_weighted(*self.history, self.before.shape, days)[self.judged]
 
@@ -462,18 +485,18 @@ class Holdout:
             self._ease = (key, ease_scales(*self.history, self.before.shape, lam, fit_days))
         return self._ease[1]
 
-    def choose_recency(self, lam: float, grid: Sequence[float],
-                       fit_days: float | Sequence[float] = 0.0) -> tuple[float, dict[float, float]]:
-        """The tau (days; 0: all items alike) of users' item weights with the best holdout
-        Recall@20 of the block alone (EASE^R with `lam` and `fit_days`, full rank); ties go
-        to the first."""
+    def choose_recency(self, lam: float, grid: Sequence,
+                       fit_days: float | Sequence[float] = 0.0) -> tuple[float | tuple[float, ...], dict]:
+        """The users' item weights (a tau in days, 0: all items alike, or a tuple of taus whose
+        weights are averaged) with the best holdout Recall@20 of the block alone (EASE^R with
+        `lam` and `fit_days`, full rank); ties go to the first."""
         b = self.ease(lam, fit_days)
         tried = {days: self.recall(np.asarray(self.queries(days) @ b)) for days in grid}
         return max(tried, key=tried.get), tried
 
     def choose_weight(self, encoder_scores: np.ndarray, lam: float, rank: int,
                       grid: Sequence[float], unit_users: bool = True,
-                      rule: str = "best", recency_days: float = 0.0,
+                      rule: str = "best", recency_days: float | Sequence[float] = 0.0,
                       fit_days: float | Sequence[float] = 0.0,
                       factorization: str = "reduced_rank") -> tuple[float, dict[float, float]]:
         """The block's weight against `encoder_scores` ((judged, items), from a model that had
@@ -498,14 +521,15 @@ class Holdout:
 
 def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
         query_types: Sequence[str], settings: Mapping | None = None,
-        unit_users: bool = True, recency_days: float = 0.0,
+        unit_users: bool = True, recency_days: float | Sequence[float] = 0.0,
         fit_days: float | Sequence[float] = 0.0,
         factorization: str = "reduced_rank") -> CollaborativeBlock | None:
     """EASE^R with `lam` on all of `data`, its pairs weighted by recency with tau `fit_days`
     (0: binary; several taus: their fits summed, `ease_scales`), cut to `rank` (at most
     items - 1) by `factorization`, unscaled (`scaled` sets its
     weight); users' blocks of unit length with `unit_users`, their items weighted by recency
-    with tau `recency_days` (0: alike). None when there is nothing to fit."""
+    with tau `recency_days` (0: alike; several: their weights averaged). None when there is
+    nothing to fit."""
     if rank == 0 or len(data.items) < 2 or not data.pairs:
         return None
     rank = min(rank, len(data.items) - 1)
@@ -515,8 +539,8 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
     extra = {"user_norm": 1.0} if unit_users else {}
     return CollaborativeBlock(tuple(data.items), q, k, tuple(sorted(actions)), tuple(query_types),
                               dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
-                                   users=len(data.users), recency_days=float(recency_days),
-                                   fit_days=fit_json(fit_days), factorization=factorization,
+                                   users=len(data.users), recency_days=taus_json(recency_days),
+                                   fit_days=taus_json(fit_days), factorization=factorization,
                                    **extra))
 
 

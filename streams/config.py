@@ -131,6 +131,7 @@ class RefreshConfig:
 
 OBJECTIVES = ("softmax", "bce")
 FIT_RULES = ("scales", "choose")        # encoder.collaborative.FIT_RULES (kept import-light)
+RECENCY_RULES = ("mix", "choose")       # encoder.collaborative.RECENCY_RULES
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,11 @@ class TrainSection:
     collaborative_weight: float | None = None   # its score spread over the encoder's
                                         # (unset: chosen on the training window's last 10 %)
     collaborative_recency_days: float | None = None   # tau of the recency weights of a
-                                        # user's items in its block (0: all alike; unset: chosen
-                                        # on the training window's last 10 %)
+                                        # user's items in its block (0: all alike; unset: as
+                                        # collaborative_recency_rule says)
+    collaborative_recency_rule: str = "mix"   # mix: the mean of the weights at taus of 0 to
+                                        # 240 days; choose: one tau, chosen on the training
+                                        # window's last 10 %
     collaborative_fit_days: float | None = None   # tau of the pairs' recency weights in
                                         # EASE^R's fit (0: all alike; unset: as
                                         # collaborative_fit_rule says)
@@ -183,6 +187,9 @@ class TrainSection:
         if self.collaborative_fit_rule not in FIT_RULES:
             raise ValueError(f"train.collaborative_fit_rule must be one of {FIT_RULES}, "
                              f"got {self.collaborative_fit_rule!r}")
+        if self.collaborative_recency_rule not in RECENCY_RULES:
+            raise ValueError(f"train.collaborative_recency_rule must be one of {RECENCY_RULES}, "
+                             f"got {self.collaborative_recency_rule!r}")
         if self.passes < 1 or self.sample_workers < 0 or self.min_steps < 0 \
                 or (self.rounds is not None and self.rounds < 1) \
                 or (self.steps_per_chunk is not None and self.steps_per_chunk < 1):

@@ -27,6 +27,7 @@ def run_options(cfg: HirflowConfig, resume: bool = False, log_path: str | None =
                         collaborative=CollaborativeConfig(rank=tc.collaborative_rank,
                                                           weight=tc.collaborative_weight,
                                                           recency_days=tc.collaborative_recency_days,
+                                                          recency_rule=tc.collaborative_recency_rule,
                                                           fit_days=tc.collaborative_fit_days,
                                                           fit_rule=tc.collaborative_fit_rule),
                         log_path=log_path)

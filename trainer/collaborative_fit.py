@@ -3,8 +3,9 @@
 
 Four settings are chosen on a holdout of the training window itself, never on validation or
 test: EASE^R's lambda with its fit (the sum of fits at several recency scales by default, or
-one tau of the pairs' weights: `CollaborativeConfig.fit_rule`), then the tau of the recency
-weights of a user's items (all by the block alone), and the block's weight against the
+one tau of the pairs' weights: `CollaborativeConfig.fit_rule`), then the recency weights of
+a user's items (their mix over several taus by default, or one tau: `recency_rule`; all by
+the block alone), and the block's weight against the
 encoder. The holdout starts at the
 first time chunk that begins in the window's last `holdout` share of positive engagements.
 The trainer visits chunks in time order, so when it reaches that chunk the student has seen
@@ -65,7 +66,7 @@ class CollaborativeFit:
         lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, self.cfg.fits())
         days, days_tried = self.cfg.recency_days, {}
         if days is None:
-            days, days_tried = h.choose_recency(lam, self.cfg.recency_grid, fit_days)
+            days, days_tried = h.choose_recency(lam, self.cfg.recencies(), fit_days)
         weight, w_tried = self.cfg.weight, {}
         rank = min(self.cfg.rank, len(self.data.items) - 1)
         if weight is None:
@@ -76,16 +77,17 @@ class CollaborativeFit:
             weight, w_tried = h.choose_weight(eu @ ei.T, lam, rank, self.cfg.weight_grid,
                                                self.cfg.unit_users, self.cfg.weight_rule, days,
                                                fit_days, self.cfg.factorization)
-        self.choice = {"at": cutoff + 1, "usable": True, "l2": lam, "fit_days": C.fit_json(fit_days),
-                       "recency_days": days, "weight": weight, "holdout_users": int(len(h.judged)),
+        self.choice = {"at": cutoff + 1, "usable": True, "l2": lam, "fit_days": C.taus_json(fit_days),
+                       "recency_days": C.taus_json(days), "weight": weight, "holdout_users": int(len(h.judged)),
                        # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
-                       "l2_recall@20": {f"{k[0]:g}/{C.fit_label(k[1])}": round(v, 5)
+                       "l2_recall@20": {f"{k[0]:g}/{C.taus_label(k[1])}": round(v, 5)
                                         for k, v in l2_tried.items()},
-                       "recency_recall@20": {str(k): round(v, 5) for k, v in days_tried.items()},
+                       # keyed by tau ("0+30+..." for a mix)
+                       "recency_recall@20": {C.taus_label(k): round(v, 5) for k, v in days_tried.items()},
                        "weight_recall@20": {str(k): round(v, 5) for k, v in w_tried.items()}}
         log.info("collaborative block: holdout of %d users chose lambda %g, fit tau %s days, "
-                 "recency tau %g days, weight %g (%.1f s)", len(h.judged), lam, C.fit_label(fit_days), days,
-                 weight, time.perf_counter() - t)
+                 "recency tau %s days, weight %g (%.1f s)", len(h.judged), lam,
+                 C.taus_label(fit_days), C.taus_label(days), weight, time.perf_counter() - t)
 
     def block(self, embs: np.ndarray, nodes: list[str], sampler: ViewSampler) -> C.CollaborativeBlock | None:
         """The block fitted on the whole window, scaled against the final encoder embeddings
@@ -100,8 +102,8 @@ class CollaborativeFit:
                 else sorted(self.cfg.l2_grid)[len(self.cfg.l2_grid) // 2]
             weight = self.cfg.weight if self.cfg.weight is not None else DEFAULT_WEIGHT
             log.warning("collaborative block: no holdout chunk to choose its weight on; weight %g", weight)
-            choice = {"l2": lam, "weight": weight, "usable": False, "fit_days": C.fit_json(fit_days),
-                      "recency_days": self.cfg.recency_days or 0.0}
+            choice = {"l2": lam, "weight": weight, "usable": False, "fit_days": C.taus_json(fit_days),
+                      "recency_days": C.taus_json(self.cfg.recencies()[0])}
         codes = self.schema.action_codes()
         block = C.fit(self.data, choice["l2"], self.cfg.rank, [codes[a] for a in self.positive],
                       (self.schema.user_type,), {"holdout": choice}, self.cfg.unit_users,

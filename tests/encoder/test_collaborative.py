@@ -121,6 +121,9 @@ def test_recency_weights_follow_a_users_own_latest_engagement():
     np.testing.assert_allclose(C.recency_weighted(rows, cols, t + 10 ** 12, (3, 4), 2.0).toarray(), x,
                                rtol=1e-6)
     assert (C.recency_weighted(rows, cols, t, (3, 4), 0.0).toarray() == (x > 0)).all()
+    # several taus: the mean of their weights (tau 0 weighs 1)
+    np.testing.assert_allclose(C.recency_weighted(rows, cols, t, (3, 4), (0.0, 2.0)).toarray(),
+                               ((x > 0) + x) / 2, rtol=1e-6)
 
 
 @settings(max_examples=60, deadline=None)
@@ -239,15 +242,16 @@ edge = st.tuples(st.integers(0, 7),            # neighbour: products 0-5 (6-7 ou
                  st.integers(0, 60))           # last event time (t_ref) after the first
 
 
-@pytest.mark.parametrize("user_norm,recency", [(None, 0.0), (2.5, 0.0), (2.5, 40 / C.DAY_MS)])
+@pytest.mark.parametrize("user_norm,recency", [(None, 0.0), (2.5, 0.0), (2.5, 40 / C.DAY_MS),
+                                               (2.5, [0.0, 40 / C.DAY_MS, 400 / C.DAY_MS])])
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(edge, max_size=12), min_size=1, max_size=5), st.integers(0, 110))
 def test_a_users_block_sums_its_distinct_counted_items_as_of_the_cutoff(user_norm, recency, adjacency,
                                                                          cutoff):
     """A user's block is the sum of the query rows of its distinct counted items, each
     weighted exp((its last time - the user's latest) / tau) when the block has a recency
-    (times as of the cutoff), set to length `user_norm` when it has one (a user without such
-    items: zeros)."""
+    (the mean of those weights over several taus, a tau of 0 weighing 1; times as of the
+    cutoff), set to length `user_norm` when it has one (a user without such items: zeros)."""
     rng = np.random.default_rng(1)
     settings_ = {} if user_norm is None else {"user_norm": user_norm}
     block = C.CollaborativeBlock(tuple(ITEMS), rng.standard_normal((6, 3)).astype(np.float32),
@@ -269,7 +273,9 @@ def test_a_users_block_sums_its_distinct_counted_items_as_of_the_cutoff(user_nor
             if nbr in ITEMS and act in ("a0", "a1") and w > 0 and first <= cutoff:
                 j = int(nbr.split(":")[1])
                 last[j] = max(last.get(j, -1), min(t_ref, cutoff))
-        weight = {j: np.exp((t - max(last.values())) / 40) if recency else 1.0 for j, t in last.items()}
+        age = {j: t - max(last.values()) for j, t in last.items()}
+        weight = {j: np.mean([np.exp(a / (d * C.DAY_MS)) if d else 1.0 for d in C.taus_of(recency)])
+                  for j, a in age.items()}
         want = sum((block.query[j] * weight[j] for j in last), np.zeros(3, np.float32))
         if user_norm is not None and last:
             want = want / np.linalg.norm(want) * user_norm
@@ -361,3 +367,11 @@ def test_an_unknown_weight_rule_is_refused():
         C.CollaborativeConfig(weight_rule="median")
     with pytest.raises(ValueError, match="factorization"):
         C.CollaborativeConfig(factorization="pca")
+
+
+def test_the_config_weighs_users_items_as_its_rule_names():
+    assert C.CollaborativeConfig().recencies() == ((0.0, 30.0, 60.0, 120.0, 240.0),)
+    assert C.CollaborativeConfig(recency_rule="choose").recencies() == C.CollaborativeConfig().recency_grid
+    assert C.CollaborativeConfig(recency_days=7.0).recencies() == (7.0,)
+    with pytest.raises(ValueError, match="recency_rule"):
+        C.CollaborativeConfig(recency_rule="mean")

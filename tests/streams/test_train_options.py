@@ -5,12 +5,13 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-from hirflow.encoder.collaborative import FIT_RULES
+from hirflow.encoder.collaborative import FIT_RULES, RECENCY_RULES
 from hirflow.encoder.model import EncoderConfig
 from hirflow.encoder.quantize import QuantizerConfig
 from hirflow.state.config import ConfigError
 from hirflow.streams.cli import cli
 from hirflow.streams.config import FIT_RULES as CONFIG_FIT_RULES
+from hirflow.streams.config import RECENCY_RULES as CONFIG_RECENCY_RULES
 from hirflow.streams.config import EncoderSection, QuantizerSection, TrainSection, load
 from hirflow.streams.train_options import TRAIN_FIELDS, run_options
 from hirflow.trainer.runs import RunOptions
@@ -36,13 +37,15 @@ def test_file_then_env_then_flags(tmp_path):
                  '[encoder]\nd_model = 128\nlevels = [4, 16]\n[quantizer]\nm = 4\n')
     cfg = load(file=f, env={"HIRFLOW_TRAIN__SEED": "6", "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_DAYS": "45",
                             "HIRFLOW_TRAIN__COLLABORATIVE_FIT_DAYS": "30",
-                            "HIRFLOW_TRAIN__COLLABORATIVE_FIT_RULE": "choose"},
+                            "HIRFLOW_TRAIN__COLLABORATIVE_FIT_RULE": "choose",
+                            "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_RULE": "choose"},
                overrides={"train.objective": "bce"})
     opts = run_options(cfg)
     assert (opts.train.passes, opts.train.seed, opts.train.objective) == (3, 6, "bce")
     assert opts.train.collaborative.recency_days == 45.0 and opts.train.collaborative.weight is None
     assert opts.train.collaborative.fit_days == 30.0
     assert opts.train.collaborative.fit_rule == "choose"
+    assert opts.train.collaborative.recency_rule == "choose"
     assert opts.window_s == 14 * 86400 and opts.train.quantizer.m == 4
     assert opts.encoder["d_model"] == 128 and tuple(opts.encoder["levels"]) == (4, 16)
 
@@ -56,7 +59,9 @@ def test_file_then_env_then_flags(tmp_path):
                                        ({"train": {"collaborative_fit_days": -1}},
                                         "collaborative_fit_days"),
                                        ({"train": {"collaborative_fit_rule": "mean"}},
-                                        "collaborative_fit_rule")])
+                                        "collaborative_fit_rule"),
+                                       ({"train": {"collaborative_recency_rule": "mean"}},
+                                        "collaborative_recency_rule")])
 def test_a_bad_key_or_value_is_an_error_that_names_it(tmp_path, data, key):
     import json
     f = tmp_path / "c.json"
@@ -79,5 +84,5 @@ def test_train_flags_override_the_file(tmp_path):
     assert r.exit_code == 1 and "passes" not in r.output and "no engagement events" in r.output
 
 
-def test_the_config_offers_the_fit_rules_the_block_knows():
-    assert CONFIG_FIT_RULES == FIT_RULES
+def test_the_config_offers_the_rules_the_block_knows():
+    assert CONFIG_FIT_RULES == FIT_RULES and CONFIG_RECENCY_RULES == RECENCY_RULES

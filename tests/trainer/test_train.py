@@ -40,8 +40,9 @@ def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
     chosen = ck.manifest["collaborative"]["holdout"]
     assert chosen["usable"] and chosen["at"] > ck.manifest["data_window"][0]
     assert chosen["weight"] in cfg.collaborative.weight_grid and chosen["l2"] in cfg.collaborative.l2_grid
-    assert chosen["recency_days"] in cfg.collaborative.recency_grid
-    assert set(chosen["recency_recall@20"]) == {str(d) for d in cfg.collaborative.recency_grid}
+    # users' items weighted by the mean of their weights at every tau of the grid
+    assert chosen["recency_days"] == list(cfg.collaborative.recency_grid)
+    assert set(chosen["recency_recall@20"]) == {"+".join(f"{d:g}" for d in cfg.collaborative.recency_grid)}
     assert ck.manifest["collaborative"]["weight"] == chosen["weight"]
     assert ck.manifest["collaborative"]["recency_days"] == chosen["recency_days"]
     c = cfg.collaborative
