@@ -198,12 +198,19 @@ def test_a_sum_of_recency_scales_gives_each_scale_the_same_say():
     np.testing.assert_array_equal(C.ease_scales(rows, cols, t, shape, 5.0, (10.0,)), fits[0])
 
 
-def test_the_config_chooses_among_the_fits_its_rule_names():
-    assert C.CollaborativeConfig().fits() == ((15.0, 30.0, 60.0, 120.0, 240.0),)
-    assert C.CollaborativeConfig(fit_rule="choose").fits() == C.CollaborativeConfig().fit_grid
-    assert C.CollaborativeConfig(fit_days=7.0).fits() == (7.0,)
-    with pytest.raises(ValueError, match="fit_rule"):
-        C.CollaborativeConfig(fit_rule="mean")
+@pytest.mark.parametrize("candidates, rule, fixed, grid", [
+    ("fits", "fit_rule", "fit_days", "fit_grid"),
+    ("recencies", "recency_rule", "recency_days", "recency_grid")])
+def test_the_config_offers_the_holdout_what_its_rule_names(candidates, rule, fixed, grid):
+    """By default one candidate, every scale at once; "choose": each scale of the grid; a
+    fixed tau: that tau alone; an unknown rule is refused."""
+    default = C.CollaborativeConfig()
+    scales = default.fit_scales if candidates == "fits" else default.recency_grid
+    assert getattr(default, candidates)() == (tuple(scales),)
+    assert getattr(C.CollaborativeConfig(**{rule: "choose"}), candidates)() == getattr(default, grid)
+    assert getattr(C.CollaborativeConfig(**{fixed: 7.0}), candidates)() == (7.0,)
+    with pytest.raises(ValueError, match=rule):
+        C.CollaborativeConfig(**{rule: "mean"})
 
 
 def test_the_holdout_weighs_recent_items_more_when_tastes_drift():
@@ -367,11 +374,3 @@ def test_an_unknown_weight_rule_is_refused():
         C.CollaborativeConfig(weight_rule="median")
     with pytest.raises(ValueError, match="factorization"):
         C.CollaborativeConfig(factorization="pca")
-
-
-def test_the_config_weighs_users_items_as_its_rule_names():
-    assert C.CollaborativeConfig().recencies() == ((0.0, 30.0, 60.0, 120.0, 240.0),)
-    assert C.CollaborativeConfig(recency_rule="choose").recencies() == C.CollaborativeConfig().recency_grid
-    assert C.CollaborativeConfig(recency_days=7.0).recencies() == (7.0,)
-    with pytest.raises(ValueError, match="recency_rule"):
-        C.CollaborativeConfig(recency_rule="mean")
