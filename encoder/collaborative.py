@@ -49,10 +49,11 @@ picks one tau of `fit_grid` with lambda instead.
 Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes
 live in the first d_emb coordinates only. Nodes of other types, and items outside the
 block's vocabulary (new items, or past `max_items`), get zeros: they rank by the encoder's
-coordinates alone, as a cold item must. Lambda, both taus and the block's weight against the encoder's
-score (`weight`: the block's score spread over the encoder's) are chosen by the trainer on a
-holdout of its own window (`trainer.collaborative_fit`); docs/evaluation.md has the
-validation figures behind the rank and the grids.
+coordinates alone, as a cold item must. Lambda and the block's weight against the encoder's
+score (`weight`: the block's score spread over the encoder's), and each tau under its
+"choose" rule, are chosen by the trainer on a holdout of its own window
+(`trainer.collaborative_fit`); docs/evaluation.md has the validation figures behind the
+rank, the scales and the grids.
 
 numpy and scipy only; `EdgeColumns` is state's data type for a batch's adjacencies.
 """
