@@ -1,9 +1,11 @@
 """The primitive tree refitted to embeddings: contiguous subtrees, recovered clusters, reproducible."""
 import numpy as np
+import ot
 import torch
+from hypothesis import given, settings, strategies as st
 from sklearn.metrics import normalized_mutual_info_score as nmi
 
-from hirflow.encoder.hierarchy import fit_tree
+from hirflow.encoder.hierarchy import balanced_plan, fit_tree
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
 from hirflow.state.schema import SchemaConfig
 
@@ -38,6 +40,49 @@ def test_tree_with_more_primitives_than_points_and_uneven_levels():
     protos = fit_tree(x, (4, 64), seed=1)
     assert protos.shape == (64, 32) and np.isfinite(protos).all()
     assert fit_tree(x, (3, 16)) is None                          # 16 is not a multiple of 3
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 60), k=st.integers(1, 12), spread=st.floats(0.05, 0.4), seed=st.integers(0, 10_000))
+def test_balanced_plan_matches_pot(n, k, spread, seed):
+    """The plan's marginals are 1/n per point and 1/k per centre, and it is POT's plan for
+    the same cost and regularisation (similarities up to `spread` apart, epsilon 0.05: far
+    wider gaps converge too slowly for POT's reference to settle)."""
+    sim = spread * np.random.default_rng(seed).uniform(-1, 1, (n, k))
+    ours = balanced_plan(sim, 0.05, iterations=500)
+    ref = ot.bregman.sinkhorn_log(np.full(n, 1 / n), np.full(k, 1 / k), -sim, reg=0.05,
+                                  numItermax=20000, stopThr=1e-12)
+    assert np.allclose(ours.sum(0), 1 / k, atol=1e-12) and np.allclose(ours.sum(1), 1 / n, atol=1e-6)
+    assert np.allclose(ours, ref, atol=1e-6)
+
+
+def usage_entropy(assign: np.ndarray, k: int) -> float:
+    p = np.bincount(assign, minlength=k) / len(assign)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum() / np.log(k))
+
+
+def test_balanced_tree_evens_out_usage_of_a_skewed_world():
+    """One broad blob holds 62 % of the points, 12 tight ones the rest: plain k-means gives
+    the blob few centres and its usage entropy stays below the design's 0.9 of log K; the
+    balanced centres share the points more evenly (>= 0.9 at both levels) and still keep
+    apart the tight blobs' points."""
+    rng = np.random.default_rng(3)
+    d = 24
+    dirs = rng.normal(size=(13, d))
+    sizes = [2000] + [100] * 12
+    x = np.concatenate([dirs[i] + (0.9 if i == 0 else 0.2) * rng.normal(size=(s, d))
+                        for i, s in enumerate(sizes)])
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    model = HierarchicalEncoder(EncoderConfig.for_schema(SchemaConfig(), levels=(8, 32), d_emb=d))
+    ent = {}
+    for rounds in (0, 3):
+        with torch.no_grad():
+            model.prototypes.copy_(torch.from_numpy(fit_tree(x, (8, 32), seed=0, balance_rounds=rounds)))
+            a = model.assign(torch.from_numpy(x), torch.zeros(len(x), dtype=torch.long)).numpy()
+        ent[rounds] = [usage_entropy(a[:, lvl], k) for lvl, k in enumerate((8, 32))]
+    assert min(ent[0]) < 0.9 <= min(ent[3]), ent
+    assert all(b > p for b, p in zip(ent[3], ent[0])), ent
 
 
 def test_type_centre_moves_assignments_not_embeddings():
