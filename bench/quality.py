@@ -12,7 +12,8 @@ Reports Recall@20 / NDCG@20 with 95 % intervals, the paired ratio to the best ba
 training time and peak memory.
 
     python bench/quality.py [--quick] [--online-retail FILE] [--no-knowledge] [--no-unit-users]
-                            [--weight-rule best|one_se] [--recency-days DAYS]
+                            [--weight-rule best|one_se] [--weight-windows N]
+                            [--recency-days DAYS]
                             [--recency-rule mix|choose] [--fit-days DAYS]
                             [--fit-rule scales|choose] [--factorization reduced_rank|svd]
                             [--device cpu|cuda] [--seed N]
@@ -91,6 +92,7 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
     cfg = TrainConfig(seed=a.seed, passes=a.passes, snapshot_chunks=0,
                       max_steps_per_chunk=2 if a.quick else None,
                       collaborative=CollaborativeConfig(unit_users=a.unit_users, weight_rule=a.weight_rule,
+                                                        weight_windows=a.weight_windows,
                                                         recency_days=a.recency_days,
                                                         recency_rule=a.recency_rule,
                                                         fit_days=a.fit_days, fit_rule=a.fit_rule,
@@ -163,6 +165,9 @@ def main() -> None:
     ap.add_argument("--weight-rule", choices=["best", "one_se"], default="best",
                     help="how the trainer's holdout picks the block's weight: the best (default), "
                          "or the lightest within one standard error of the best")
+    ap.add_argument("--weight-windows", type=int, default=1, metavar="N",
+                    help="successive holdout windows (10 %% each) whose users together choose "
+                         "the block's weight (default: 1, the last alone)")
     ap.add_argument("--recency-days", type=float, default=None, metavar="DAYS",
                     help="tau of the recency weights of a user's items in its collaborative block "
                          "(0: all alike; default: as --recency-rule says)")

@@ -89,6 +89,11 @@ class CollaborativeConfig:
     l2_grid: tuple[float, ...] = (30.0, 100.0, 300.0, 1000.0, 3000.0)   # EASE^R lambdas tried
     holdout: float = 0.1             # last share of the training window's engagements that
                                      # chooses lambda and the weight
+    weight_windows: int = 1          # successive holdout windows (each a `holdout` share, the
+                                     # last ending the training window) whose users' Recall@20
+                                     # together choose the weight (2: on validation the same
+                                     # weight in 3 runs of 4, 0.986x in the fourth:
+                                     # docs/evaluation.md)
     max_items: int = 5_000           # most-engaged items in the vocabulary: a dense I x I
                                      # solve and SVD per lambda tried; on 2 cores 3,600 items
                                      # take 2 s per solve and 12 s per SVD, 10,000 items 45 s
@@ -120,6 +125,7 @@ class CollaborativeConfig:
     def __post_init__(self) -> None:
         if self.rank < 0 or (self.weight is not None and self.weight < 0) or self.max_items < 2 \
                 or not 0 < self.holdout < 1 or not self.l2_grid or min(self.l2_grid) <= 0 \
+                or self.weight_windows < 1 or self.holdout * self.weight_windows >= 1 \
                 or not self.weight_grid or min(self.weight_grid) < 0 \
                 or self.weight_rule not in WEIGHT_RULES \
                 or self.factorization not in FACTORIZATIONS \
@@ -130,7 +136,8 @@ class CollaborativeConfig:
                 or not self.fit_scales or min(self.fit_scales) < 0 \
                 or not self.fit_grid or min(self.fit_grid) < 0:
             raise ValueError("collaborative: rank >= 0, weight >= 0 or None, max_items >= 2, "
-                             "holdout in (0, 1), non-empty l2_grid (> 0) and weight_grid (>= 0), "
+                             "holdout in (0, 1), weight_windows >= 1 with holdout x "
+                             "weight_windows < 1, non-empty l2_grid (> 0) and weight_grid (>= 0), "
                              f"weight_rule one of {WEIGHT_RULES}, factorization one of "
                              f"{FACTORIZATIONS}, fit_rule one of {FIT_RULES}, recency_rule one "
                              f"of {RECENCY_RULES}, recency_days and "
@@ -439,9 +446,10 @@ class Holdout:
     _ease: tuple[tuple, np.ndarray] | None = field(default=None, repr=False)  # last solve
 
     @classmethod
-    def at_time(cls, data: Interactions, at: int) -> "Holdout":
+    def at_time(cls, data: Interactions, at: int, until: int | None = None) -> "Holdout":
+        """The split at `at`, judged on the pairs from `at` to `until` (None: the end)."""
         history = data.arrays(before=at)
-        before, after = recency_weighted(*history, data.shape, 0.0), data.matrix(since=at)
+        before, after = recency_weighted(*history, data.shape, 0.0), data.matrix(before=until, since=at)
         new = (after - after.multiply(before)).tocsr()
         new.eliminate_zeros()
         judged = np.flatnonzero(np.diff(new.indptr) > 0)
@@ -501,23 +509,40 @@ class Holdout:
                       fit_days: float | Sequence[float] = 0.0,
                       factorization: str = "reduced_rank") -> tuple[float, dict[float, float]]:
         """The block's weight against `encoder_scores` ((judged, items), from a model that had
-        seen nothing from `at` on) by the holdout Recall@20 of their sum: the best (`rule`
-        "best"), or the lightest whose Recall@20 is within one standard error of the best's
-        ("one_se": the standard error of the per-user difference to the best); users' blocks
-        of unit length with `unit_users` and items weighted by `recency_days`, EASE^R fitted
-        with `fit_days` and cut to `rank` by `factorization`, as `fit` serves them."""
+        seen nothing from `at` on) by the holdout Recall@20 of their sum (`weight_curve`,
+        `pick_weight`)."""
+        return pick_weight(self.weight_curve(encoder_scores, lam, rank, grid, unit_users,
+                                             recency_days, fit_days, factorization), rule)
+
+    def weight_curve(self, encoder_scores: np.ndarray, lam: float, rank: int,
+                     grid: Sequence[float], unit_users: bool = True,
+                     recency_days: float | Sequence[float] = 0.0,
+                     fit_days: float | Sequence[float] = 0.0,
+                     factorization: str = "reduced_rank") -> dict[float, np.ndarray]:
+        """Per weight of `grid`, each judged user's Recall@20 of `encoder_scores` plus the
+        block at that weight (its scores' spread over the encoder's); users' blocks of unit
+        length with `unit_users` and items weighted by `recency_days`, EASE^R fitted with
+        `fit_days` and cut to `rank` by `factorization`, as `fit` serves them."""
         q, k = factors(self.ease(lam, fit_days), self.before, rank, factorization)
         block = user_rows(self.queries(recency_days), q, 1.0 if unit_users else None) @ k.T
         spread = float(np.std(block)) or 1.0
         unit = float(np.std(encoder_scores)) / spread
-        per = {w: self.per_user(encoder_scores + w * unit * block) for w in grid}
-        tried = {w: float(r.mean()) for w, r in per.items()}
-        best = max(tried, key=tried.get)
-        if rule == "one_se":
-            n = len(per[best])
-            se = {w: float(np.std(per[w] - per[best], ddof=1)) / np.sqrt(n) if n > 1 else 0.0 for w in grid}
-            best = min(w for w in grid if tried[w] >= tried[best] - se[w])
-        return best, tried
+        return {w: self.per_user(encoder_scores + w * unit * block) for w in grid}
+
+
+def pick_weight(per_user: Mapping[float, np.ndarray], rule: str = "best") -> tuple[float, dict[float, float]]:
+    """The weight whose users' Recall@20 (`per_user`: weight -> the same users' figures, one
+    holdout window's or several windows' together) has the best mean (`rule` "best"), or the
+    lightest whose mean is within one standard error of the best's ("one_se": the standard
+    error of the per-user difference to the best): -> (weight, mean Recall@20 per weight)."""
+    tried = {w: float(r.mean()) for w, r in per_user.items()}
+    best = max(tried, key=tried.get)
+    if rule == "one_se":
+        n = len(per_user[best])
+        se = {w: float(np.std(r - per_user[best], ddof=1)) / np.sqrt(n) if n > 1 else 0.0
+              for w, r in per_user.items()}
+        best = min(w for w in per_user if tried[w] >= tried[best] - se[w])
+    return best, tried
 
 
 def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],

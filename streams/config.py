@@ -159,6 +159,9 @@ class TrainSection:
                                         # (low-rank EASE^R over users' items; 0: none)
     collaborative_weight: float | None = None   # its score spread over the encoder's
                                         # (unset: chosen on the training window's last 10 %)
+    collaborative_weight_windows: int = 1   # successive holdout windows (10 % each, the last
+                                        # ending the training window) whose users together
+                                        # choose that weight (1: the last alone)
     collaborative_recency_days: float | None = None   # tau of the recency weights of a
                                         # user's items in its block (0: all alike; unset: as
                                         # collaborative_recency_rule says)
@@ -184,6 +187,9 @@ class TrainSection:
                 or (self.collaborative_recency_days or 0) < 0 or (self.collaborative_fit_days or 0) < 0:
             raise ValueError("train.collaborative_rank, collaborative_weight, "
                              "collaborative_recency_days and collaborative_fit_days must be >= 0")
+        if not 1 <= self.collaborative_weight_windows <= 9:
+            raise ValueError("train.collaborative_weight_windows must be in 1..9 (windows of 10 % "
+                             f"each inside the training window), got {self.collaborative_weight_windows}")
         if self.collaborative_fit_rule not in FIT_RULES:
             raise ValueError(f"train.collaborative_fit_rule must be one of {FIT_RULES}, "
                              f"got {self.collaborative_fit_rule!r}")

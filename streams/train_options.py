@@ -26,6 +26,7 @@ def run_options(cfg: HirflowConfig, resume: bool = False, log_path: str | None =
                         quantizer=QuantizerConfig(**dataclasses.asdict(cfg.quantizer)),
                         collaborative=CollaborativeConfig(rank=tc.collaborative_rank,
                                                           weight=tc.collaborative_weight,
+                                                          weight_windows=tc.collaborative_weight_windows,
                                                           recency_days=tc.collaborative_recency_days,
                                                           recency_rule=tc.collaborative_recency_rule,
                                                           fit_days=tc.collaborative_fit_days,

@@ -1,20 +1,23 @@
 """Fitting the served embedding's collaborative block around a training run
 (`encoder.collaborative`).
 
-Four settings are chosen on a holdout of the training window itself, never on validation or
+Four settings are chosen on holdouts of the training window itself, never on validation or
 test: EASE^R's lambda with its fit (the sum of fits at several recency scales by default, or
 one tau of the pairs' weights: `CollaborativeConfig.fit_rule`), then the recency weights of
 a user's items (their mix over several taus by default, or one tau: `recency_rule`; all by
-the block alone), and the block's weight against the
-encoder. The holdout starts at the
-first time chunk that begins in the window's last `holdout` share of positive engagements.
-The trainer visits chunks in time order, so when it reaches that chunk the student has seen
-nothing from the holdout; `choose` then embeds the holdout's users and the vocabulary's items
-as of the chunk's start, from a store of the events before it, and picks the weight by how
-well the sum of scores ranks the holdout's new items (the best by default, or the lightest
-within one standard error of the best: `CollaborativeConfig.weight_rule`). The choice is
-kept in the resume snapshot. After training, `block` refits EASE^R on the whole window with
-the chosen lambda and scales it against the final encoder's scores.
+the block alone), and the block's weight against the encoder. The holdout window starts at
+the first time chunk that begins in the window's last `holdout` share of positive
+engagements; with `weight_windows` > 1 (an option; 1 by default) as many windows of the same
+share come before it, each judged up to the next one's start. The trainer visits chunks in
+time order, so when it reaches a window's first chunk the student has seen nothing from it;
+`choose` then embeds the window's users and the vocabulary's items as of the chunk's start,
+from a store of the events before it, and scores the sum of encoder and block scores at each
+weight of the grid by how well it ranks the window's new items. The weight is chosen on all
+windows' users together (the best by default, or the lightest within one standard error of
+the best: `CollaborativeConfig.weight_rule`). Lambda, the fit and the users' weights are the
+last window's. What the windows found is kept in the resume snapshot. After training,
+`block` refits EASE^R on the whole window with the chosen lambda and scales it against the
+final encoder's scores.
 """
 from __future__ import annotations
 
@@ -47,47 +50,101 @@ class CollaborativeFit:
         pairs = ((a, b, e.ts) for e in events if e.action in keep for a, b in ((e.src, e.dst), (e.dst, e.src)))
         self.data = C.Interactions.of(pairs, (schema.user_type,), schema.item_node_types, cfg.max_items)
         self.enabled = cfg.rank > 0 and len(self.data.items) >= 2
-        self.start = self.data.quantile_time(1 - cfg.holdout) if self.enabled else None
+        # the holdout windows' nominal starts, oldest first; a fixed weight needs the last only
+        windows = cfg.weight_windows if cfg.weight is None else 1
+        self.starts = [self.data.quantile_time(1 - cfg.holdout * j) for j in range(windows, 0, -1)] \
+            if self.enabled else []
+        self.start = self.starts[-1] if self.enabled else None
+        self.windows: list[dict] = []        # each window reached: its weight curve (JSON)
         self.choice: dict | None = None      # what the holdout chose (JSON: kept in snapshots)
+
+    def snapshot(self) -> dict:
+        """What a resumed run needs: the windows reached and the choice, if made."""
+        return {"windows": self.windows, "choice": self.choice}
+
+    def restore(self, doc: dict | None) -> None:
+        self.windows, self.choice = list((doc or {}).get("windows") or []), (doc or {}).get("choice")
 
     def due(self, cutoff: int) -> bool:
         """Whether the step whose views are as of `cutoff` (its chunk's start - 1) opens the
-        holdout and nothing has been chosen yet."""
-        return self.enabled and self.choice is None and cutoff + 1 >= self.start
+        next holdout window and nothing has been chosen yet."""
+        return self.enabled and self.choice is None and self._reached() < len(self.starts) \
+            and cutoff + 1 >= self.starts[self._reached()]
+
+    def _reached(self) -> int:
+        """How many nominal window starts the windows seen so far cover."""
+        return self.windows[-1]["covers"] if self.windows else 0
 
     def choose(self, student: HierarchicalEncoder, cutoff: int, texts, dev) -> None:
-        """Choose lambda, and the fit's tau, the users' tau and the weight unless configured,
-        on the holdout from `cutoff` + 1."""
+        """Score the holdout window from `cutoff` + 1 (lambda, the fit's tau and the users'
+        tau chosen on it unless configured, then the weight curve); on the last window,
+        choose."""
         t = time.perf_counter()
-        h = C.Holdout.at_time(self.data, cutoff + 1)
-        if not h.usable:
-            self.choice = {"at": cutoff + 1, "usable": False}
-            return
+        at = cutoff + 1
+        # a chunk may pass several nominal starts: it opens the window of the last one passed
+        covers = max(j for j, s in enumerate(self.starts) if s <= at) + 1
+        until = self.starts[covers] if covers < len(self.starts) else None
+        h = C.Holdout.at_time(self.data, at, until)
+        window = {"at": at, "covers": covers, "usable": h.usable}
+        if h.usable:
+            window.update(self._score(h, student, cutoff, texts, dev))
+        self.windows.append(window)
+        log.info("collaborative block: holdout window from %d (%d of %d), %s (%.1f s)", at, covers,
+                 len(self.starts), f"{window.get('users', 0)} users" if h.usable else "not usable",
+                 time.perf_counter() - t)
+        if covers == len(self.starts):
+            self.choice = self._decide(window)
+
+    def _score(self, h: C.Holdout, student: HierarchicalEncoder, cutoff: int, texts, dev) -> dict:
+        """On one window: lambda with the fit, the users' item weights, and each judged user's
+        Recall@20 per weight of the grid (none when the weight is configured)."""
         lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, self.cfg.fits())
         days, days_tried = self.cfg.recency_days, {}
         if days is None:
             days, days_tried = h.choose_recency(lam, self.cfg.recencies(), fit_days)
-        weight, w_tried = self.cfg.weight, {}
-        rank = min(self.cfg.rank, len(self.data.items) - 1)
-        if weight is None:
+        per_user = {}
+        if self.cfg.weight is None:
             users = [self.data.users[i] for i in h.judged]
             with state_of([e for e in self.events if e.ts <= cutoff], self.schema) as sampler:
                 eu = embed(student, sampler, users, cutoff, student.cfg, texts, dev)
                 ei = embed(student, sampler, list(self.data.items), cutoff, student.cfg, texts, dev)
-            weight, w_tried = h.choose_weight(eu @ ei.T, lam, rank, self.cfg.weight_grid,
-                                               self.cfg.unit_users, self.cfg.weight_rule, days,
-                                               fit_days, self.cfg.factorization)
-        self.choice = {"at": cutoff + 1, "usable": True, "l2": lam, "fit_days": C.taus_json(fit_days),
-                       "recency_days": C.taus_json(days), "weight": weight, "holdout_users": int(len(h.judged)),
-                       # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
-                       "l2_recall@20": {f"{k[0]:g}/{C.taus_label(k[1])}": round(v, 5)
-                                        for k, v in l2_tried.items()},
-                       # keyed by tau ("0+30+..." for a mix)
-                       "recency_recall@20": {C.taus_label(k): round(v, 5) for k, v in days_tried.items()},
-                       "weight_recall@20": {str(k): round(v, 5) for k, v in w_tried.items()}}
-        log.info("collaborative block: holdout of %d users chose lambda %g, fit tau %s days, "
-                 "recency tau %s days, weight %g (%.1f s)", len(h.judged), lam,
-                 C.taus_label(fit_days), C.taus_label(days), weight, time.perf_counter() - t)
+            rank = min(self.cfg.rank, len(self.data.items) - 1)
+            curve = h.weight_curve(eu @ ei.T, lam, rank, self.cfg.weight_grid, self.cfg.unit_users,
+                                   days, fit_days, self.cfg.factorization)
+            per_user = {str(w): [round(float(x), 6) for x in r] for w, r in curve.items()}
+        return {"users": int(len(h.judged)), "l2": lam, "fit_days": C.taus_json(fit_days),
+                "recency_days": C.taus_json(days),
+                # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
+                "l2_recall@20": {f"{k[0]:g}/{C.taus_label(k[1])}": round(v, 5) for k, v in l2_tried.items()},
+                # keyed by tau ("0+30+..." for a mix)
+                "recency_recall@20": {C.taus_label(k): round(v, 5) for k, v in days_tried.items()},
+                "per_user_recall@20": per_user}
+
+    def _decide(self, last: dict) -> dict:
+        """The choice once the last window is scored: its lambda, fit and users' weights, and
+        the weight with the best Recall@20 over every usable window's users together."""
+        if not last["usable"]:
+            return {"at": last["at"], "usable": False}
+        weight, tried = self.cfg.weight, {}
+        usable = [w for w in self.windows if w["usable"]]
+        if weight is None:
+            pooled = {float(k): np.concatenate([np.asarray(w["per_user_recall@20"][k]) for w in usable])
+                      for k in last["per_user_recall@20"]}
+            weight, tried = C.pick_weight(pooled, self.cfg.weight_rule)
+        choice = {k: last[k] for k in ("at", "usable", "l2", "fit_days", "recency_days",
+                                       "l2_recall@20", "recency_recall@20")}
+        choice.update({"weight": weight, "holdout_users": last["users"],
+                       "weight_recall@20": {str(k): round(v, 5) for k, v in tried.items()},
+                       # each window's own curve: its mean Recall@20 per weight
+                       "windows": [{"at": w["at"], "users": w["users"], "l2": w["l2"],
+                                    "weight_recall@20": {k: round(float(np.mean(r)), 5)
+                                                         for k, r in w["per_user_recall@20"].items()}}
+                                   for w in usable]})
+        log.info("collaborative block: %d holdout window(s), %d users, chose lambda %g, fit tau %s "
+                 "days, recency tau %s days, weight %g", len(usable), sum(w["users"] for w in usable),
+                 choice["l2"], C.taus_label(choice["fit_days"]), C.taus_label(choice["recency_days"]),
+                 weight)
+        return choice
 
     def block(self, embs: np.ndarray, nodes: list[str], sampler: ViewSampler) -> C.CollaborativeBlock | None:
         """The block fitted on the whole window, scaled against the final encoder embeddings

@@ -50,7 +50,7 @@ from hirflow.trainer.pipeline import BatchPipeline, ChunkDone, Prepared, chunk_p
 from hirflow.trainer.schedules import cosine, teacher_momentum
 
 log = logging.getLogger(__name__)
-HOLDOUT_KEY = "collaborative_holdout"    # the block's holdout choice, in resume snapshots
+HOLDOUT_KEY = "collaborative_holdout"    # the block's holdout windows and choice, in resume snapshots
 
 
 class NonFiniteLoss(RuntimeError):
@@ -192,7 +192,7 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
         got = resume_mod.load(snap_dir, fp, modules, opt)
         if got is not None:
             start_chunk, step, metrics = got
-            collab.choice = metrics.pop(HOLDOUT_KEY, None)
+            collab.restore(metrics.pop(HOLDOUT_KEY, None))
             log.info("resuming at chunk %d, step %d of %d", start_chunk, step, steps)
     logf = _open_log(cfg.log_path, step) if cfg.log_path else None
     timing = {"wait_s": 0.0, "model_s": 0.0, "anchors": 0, "steps": 0, "passes": passes}
@@ -217,7 +217,7 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
                             and item.chunk + 1 < len(plan) \
                             and time.perf_counter() - last_snapshot >= cfg.snapshot_every_s:
                         resume_mod.save(snap_dir, fp, item.chunk + 1, step, modules, opt,
-                                        {**metrics, HOLDOUT_KEY: collab.choice})
+                                        {**metrics, HOLDOUT_KEY: collab.snapshot()})
                         last_snapshot = time.perf_counter()
                     continue
                 timing["wait_s"] += time.perf_counter() - t

@@ -38,7 +38,8 @@ def test_file_then_env_then_flags(tmp_path):
     cfg = load(file=f, env={"HIRFLOW_TRAIN__SEED": "6", "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_DAYS": "45",
                             "HIRFLOW_TRAIN__COLLABORATIVE_FIT_DAYS": "30",
                             "HIRFLOW_TRAIN__COLLABORATIVE_FIT_RULE": "choose",
-                            "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_RULE": "choose"},
+                            "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_RULE": "choose",
+                            "HIRFLOW_TRAIN__COLLABORATIVE_WEIGHT_WINDOWS": "3"},
                overrides={"train.objective": "bce"})
     opts = run_options(cfg)
     assert (opts.train.passes, opts.train.seed, opts.train.objective) == (3, 6, "bce")
@@ -46,6 +47,7 @@ def test_file_then_env_then_flags(tmp_path):
     assert opts.train.collaborative.fit_days == 30.0
     assert opts.train.collaborative.fit_rule == "choose"
     assert opts.train.collaborative.recency_rule == "choose"
+    assert opts.train.collaborative.weight_windows == 3
     assert opts.window_s == 14 * 86400 and opts.train.quantizer.m == 4
     assert opts.encoder["d_model"] == 128 and tuple(opts.encoder["levels"]) == (4, 16)
 
@@ -61,7 +63,9 @@ def test_file_then_env_then_flags(tmp_path):
                                        ({"train": {"collaborative_fit_rule": "mean"}},
                                         "collaborative_fit_rule"),
                                        ({"train": {"collaborative_recency_rule": "mean"}},
-                                        "collaborative_recency_rule")])
+                                        "collaborative_recency_rule"),
+                                       ({"train": {"collaborative_weight_windows": 0}},
+                                        "collaborative_weight_windows")])
 def test_a_bad_key_or_value_is_an_error_that_names_it(tmp_path, data, key):
     import json
     f = tmp_path / "c.json"
