@@ -92,8 +92,8 @@ class CollaborativeConfig:
     weight_windows: int = 1          # successive holdout windows (each a `holdout` share, the
                                      # last ending the training window) whose users' Recall@20
                                      # together choose the weight (2: on validation the same
-                                     # weight in 3 runs of 4, 0.986x in the fourth:
-                                     # docs/evaluation.md)
+                                     # weight in 3 runs of 4, Recall@20 1.4 % lower in the
+                                     # fourth: docs/evaluation.md)
     max_items: int = 5_000           # most-engaged items in the vocabulary: a dense I x I
                                      # solve and SVD per lambda tried; on 2 cores 3,600 items
                                      # take 2 s per solve and 12 s per SVD, 10,000 items 45 s
