@@ -111,7 +111,8 @@ class CollaborativeFit:
             rank = min(self.cfg.rank, len(self.data.items) - 1)
             curve = h.weight_curve(eu @ ei.T, lam, rank, self.cfg.weight_grid, self.cfg.unit_users,
                                    days, fit_days, self.cfg.factorization)
-            per_user = {str(w): [round(float(x), 6) for x in r] for w, r in curve.items()}
+            # unrounded (JSON keeps a float exactly): a resumed run chooses as an unbroken one
+            per_user = {str(w): [float(x) for x in r] for w, r in curve.items()}
         return {"users": int(len(h.judged)), "l2": lam, "fit_days": C.taus_json(fit_days),
                 "recency_days": C.taus_json(days),
                 # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
