@@ -54,9 +54,13 @@ class CollaborativeFit:
         windows = cfg.weight_windows if cfg.weight is None else 1
         self.starts = [self.data.quantile_time(1 - cfg.holdout * j) for j in range(windows, 0, -1)] \
             if self.enabled else []
-        self.start = self.starts[-1] if self.enabled else None
         self.windows: list[dict] = []        # each window reached: its weight curve (JSON)
         self.choice: dict | None = None      # what the holdout chose (JSON: kept in snapshots)
+
+    @property
+    def start(self) -> int | None:
+        """The last holdout window's nominal start (None: no block to fit)."""
+        return self.starts[-1] if self.starts else None
 
     def snapshot(self) -> dict:
         """What a resumed run needs: the windows reached and the choice, if made."""
