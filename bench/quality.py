@@ -16,12 +16,16 @@ training time and peak memory.
                             [--recency-days DAYS]
                             [--recency-rule mix|choose] [--fit-days DAYS]
                             [--fit-rule scales|choose] [--factorization reduced_rank|svd]
-                            [--device cpu|cuda] [--seed N]
+                            [--device cpu|cuda] [--seed N] [--out DIR [--reuse]]
+    python bench/quality.py --pool DIR [DIR ...]
 
 The Online Retail file (`online_retail.csv.gz`, see `streams/adapters/online_retail.py`) is
 read from --online-retail or $HIRFLOW_ONLINE_RETAIL; without it that data set is skipped.
 --quick: the last two weeks of Online Retail and a small synthetic world, two steps per
 day, one or two grid points per baseline: checks the pipeline, its figures mean little.
+--pool: the runs of several seeds together (`--seed N --out DIR_N` each, then `--pool
+DIR_0 DIR_1 ...`): one run's interval covers another sample of users, not another training
+seed, which moves the ratio to the best baseline by several per cent.
 The last line printed is one JSON object of the figures.
 """
 from __future__ import annotations
@@ -50,7 +54,8 @@ from hirflow.streams.replay import read_events  # noqa: E402
 from hirflow.streams.synth import SynthConfig, SynthWorld  # noqa: E402
 from hirflow.trainer import baselines as B  # noqa: E402
 from hirflow.trainer.data import chronological_windows, world_knowledge  # noqa: E402
-from hirflow.trainer.evaluate import evaluate  # noqa: E402
+from hirflow.trainer.evaluate import PER_USER, evaluate  # noqa: E402
+from hirflow.trainer.pooling import pool  # noqa: E402
 from hirflow.trainer.train import TrainConfig, train  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -99,16 +104,22 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
                                                         factorization=a.factorization))
     stats: dict = {}
     t = time.perf_counter()
-    ck = train(train_evs, schema, enc, cfg, out / f"{name}-ck", texts=texts, device=a.device,
-               progress=not a.quick, stats=stats)
+    earlier = sorted((out / f"{name}-ck").glob("ckpt-*")) if a.reuse else []
+    if earlier:                 # --reuse: score the checkpoint a run with this --out trained
+        ck = earlier[-1]
+        print(f"{name}: reusing {ck} (not trained again)")
+    else:
+        ck = train(train_evs, schema, enc, cfg, out / f"{name}-ck", texts=texts, device=a.device,
+                   progress=not a.quick, stats=stats)
     train_s = time.perf_counter() - t
     t = time.perf_counter()
     m = evaluate(ck, evs, w, schema, out / f"{name}-eval", labels=labels, texts=texts, later_texts=later,
                  baselines=B.QUICK if a.quick else B.STANDARD)
     eval_s = time.perf_counter() - t
-    res = m["deep_funnel"] if name == "online_retail" else m["next_engagement"]
-    print(f"{name}: {len(train_evs):,} training events, {stats['steps']} steps ({stats['passes']} "
-          f"passes) in {train_s:.0f} s; "
+    res = m[task_of(name)]
+    trained = (f"{stats['steps']} steps ({stats['passes']} passes) in {train_s:.0f} s" if stats
+               else "reused checkpoint")
+    print(f"{name}: {len(train_evs):,} training events, {trained}; "
           f"{res['users']} test users, {res['new_positives']} new / {res['repeat_positives']} repeat positives")
     for meth, r in sorted(res["methods"].items(), key=lambda kv: -kv[1]["recall@20"]["mean"]):
         rc, nd = r["recall@20"], r["ndcg@20"]
@@ -139,11 +150,44 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
                                         "ratio_to_popularity": round(cold["hirflow_recall@20"] / pop, 3) if pop else None}
     if "hierarchy" in m:
         out_["nmi"] = {k: v["nmi"] for k, v in m["hierarchy"].items()}
-    out_["train_time"] = {"value": round(train_s, 1), "unit": "s", "steps": stats["steps"],
-                          "passes": stats["passes"], "events": len(train_evs)}
+    if stats:
+        out_["train_time"] = {"value": round(train_s, 1), "unit": "s", "steps": stats["steps"],
+                              "passes": stats["passes"], "events": len(train_evs)}
     out_["eval_time"] = {"value": round(eval_s, 1), "unit": "s"}
     out_["peak_rss"] = {"value": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "unit": "MB"}
     return out_
+
+
+def task_of(name: str) -> str:
+    """The task a data set is judged on: Online Retail's purchases are its deep funnel."""
+    return "deep_funnel" if name == "online_retail" else "next_engagement"
+
+
+def pool_runs(dirs: list[Path]) -> dict:
+    """Each data set that every `--out` directory of `dirs` has evaluated, its runs pooled
+    (`trainer.pooling`): per run and over the runs, against the best baseline."""
+    figures: dict = {"runs": [str(d) for d in dirs]}
+    for name in ("online_retail", "synthetic"):
+        files = [d / f"{name}-eval" / PER_USER for d in dirs]
+        if not all(f.exists() for f in files):
+            print(f"{name}: skipped (not every directory has {name}-eval/{PER_USER})")
+            continue
+        p = pool([json.loads(f.read_text())[task_of(name)] for f in files])
+        print(f"{name}: {p['runs']} runs, {p['users']} test users; best baseline "
+              f"{p['best_baseline']} Recall@20 {p['best_baseline_recall@20']:.4f}")
+        for d, r in zip(dirs, p["per_run"]):
+            print(f"  {str(d):40s} Recall@20 {r['recall@20']:.4f}  ratio {r['ratio']:.3f} "
+                  f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]")
+        print(f"  {'users averaged over the runs':40s} Recall@20 {p['recall@20']:.4f}  ratio "
+              f"{p['ratio']:.3f} [{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}]", flush=True)
+        figures[name] = {"hirflow_recall@20": {"value": p["recall@20"], "unit": "recall",
+                                               "ratio_to_best_baseline": p["ratio"],
+                                               "ratio_ci95": p["ci95"]},
+                         "best_baseline": p["best_baseline"],
+                         "ratio_per_run": {"value": [r["ratio"] for r in p["per_run"]],
+                                           "unit": "ratio"},
+                         "runs": {"value": p["runs"], "unit": "runs"}}
+    return figures
 
 
 def main() -> None:
@@ -191,7 +235,19 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"])
     ap.add_argument("--seed", type=int, default=0, help="training seed (the data sets are fixed)")
     ap.add_argument("--out", type=Path, help="keep checkpoints and metrics here")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --out: evaluate the checkpoint an earlier run left there instead "
+                         "of training again")
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="OUT",
+                    help="train nothing: pool the evaluations of earlier runs' --out directories "
+                         "(e.g. one per --seed), each run's ratio to the best baseline and the "
+                         "users' Recall@20 averaged over the runs")
     a = ap.parse_args()
+    if a.pool:
+        print(json.dumps(pool_runs(a.pool)))
+        return
+    if a.reuse and not a.out:
+        ap.error("--reuse needs --out (the directory of the run whose checkpoints to reuse)")
     logging.basicConfig(level=logging.WARNING)
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     encode = None

@@ -19,7 +19,8 @@
 - BoM: recall of the inverted index (candidates sharing a token, re-ranked by inner product)
   against exact inner-product search on the same embeddings.
 
-Writes `metrics.json` and PNG plots.
+Writes `metrics.json`, PNG plots and `per_user.json` (each task's users and each method's
+Recall@20 per user: what `trainer.pooling` pools over several training seeds).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from hirflow.trainer.embedding import served_embeddings, state_of
 
 log = logging.getLogger(__name__)
 KS = (10, 20, 50)
+PER_USER = "per_user.json"       # {task: {"users": [...], "recall@20": {method: [...]}}}
 
 
 class TrainedOnTestWindow(ValueError):
@@ -96,10 +98,12 @@ def state_embeddings(model: HierarchicalEncoder, before: Sequence[Engagement], s
 
 
 def compare(hirflow: np.ndarray | None, test: RankingTask, val: RankingTask,
-            baselines: Sequence[B.Baseline], ks: Sequence[int] = KS) -> dict:
+            baselines: Sequence[B.Baseline], ks: Sequence[int] = KS,
+            per_user_out: dict | None = None) -> dict:
     """hirflow's scores (n_eval, I) on `test` against each baseline tuned on `val`: per method
     every metric with its interval, the validation search, and the paired ratio of hirflow
-    to the best baseline at Recall@20."""
+    to the best baseline at Recall@20. `per_user_out` (when given) receives each method's
+    per-user Recall@20 and the users' names, in the same order (`PER_USER`)."""
     res: dict = {"users": test.n_eval, "items": len(test.items), "new_positives": test.new,
                  "repeat_positives": test.repeats, "methods": {}, "tuning": {}}
     per_user: dict[str, dict[str, np.ndarray]] = {}
@@ -113,6 +117,10 @@ def compare(hirflow: np.ndarray | None, test: RankingTask, val: RankingTask,
                                  "seconds": round(time.perf_counter() - t, 1)}
     for name, m in per_user.items():
         res["methods"][name] = summarise(m)
+    if per_user_out is not None:
+        per_user_out["users"] = [test.users[i] for i in test.eval_users]
+        per_user_out["recall@20"] = {n: [round(float(x), 6) for x in m["recall@20"]]
+                                     for n, m in per_user.items()}
     base = [n for n in per_user if n != "hirflow"]
     if base:
         best = max(base, key=lambda n: per_user[n]["recall@20"].mean())
@@ -155,6 +163,7 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     metrics: dict = {"checkpoint": ck.id, "test_events": len(test), "windows": windows.__dict__,
                      "embed_seconds": round(time.perf_counter() - t, 1),
                      "collaborative": ck.manifest.get("collaborative")}   # its lambda, weight
+    per_user: dict = {}            # task -> its users and each method's Recall@20 (PER_USER)
     for name, acts in (("next_engagement", positive_actions(schema)),
                        ("deep_funnel", deep_funnel_actions(schema))):
         if not acts:
@@ -166,7 +175,9 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
             continue
         u = emb[[index[test_task.users[i]] for i in test_task.eval_users]]
         scores = u @ emb[[index[x] for x in test_task.items]].T          # the served inner product
-        metrics[name] = compare(scores, test_task, val_task, baselines if val_task.n_eval else (), ks)
+        per_user[name] = {}
+        metrics[name] = compare(scores, test_task, val_task, baselines if val_task.n_eval else (), ks,
+                                per_user[name])
     with torch.no_grad():
         nodes = sorted(index, key=index.get)
         # the hierarchy lives in the encoder's coordinates, the first d_emb
@@ -180,6 +191,7 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     metrics["densification"] = _densification(assign, index, before)
     metrics["bom_recall@100"] = _bom_recall(emb, ck)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    (out / PER_USER).write_text(json.dumps(per_user))
     _plot(metrics, out / "recall.png")
     return metrics
 

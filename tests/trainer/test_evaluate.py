@@ -46,6 +46,10 @@ def test_evaluation_end_to_end_writes_metrics_and_plots(tmp_path):
     assert res["best_baseline"] in res["tuning"]
     assert all(t["chosen"] in [g["params"] for g in t["grid"]] for t in res["tuning"].values())
     assert res["hirflow_vs_best_recall@20"]["ratio"] >= 0
+    per_user = json.loads((tmp_path / "eval" / "per_user.json").read_text())["next_engagement"]
+    assert len(per_user["users"]) == res["users"] and set(per_user["recall@20"]) == set(res["methods"])
+    for method, r in res["methods"].items():     # the same figures, user by user
+        assert np.mean(per_user["recall@20"][method]) == pytest.approx(r["recall@20"]["mean"], abs=1e-4)
     assert set(m["usage_entropy"]) == {"level0", "level1"}
     assert set(m["hierarchy"]) == {"level0_vs_mid", "level1_vs_fine"}
     assert 0.0 <= m["bom_recall@100"] <= 1.0
