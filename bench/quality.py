@@ -94,7 +94,7 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
         later = world_knowledge(ents, w.end, encode)
     levels = (4, 16, 64) if a.quick else (16, 128, 1024)
     enc = EncoderConfig.for_schema(schema, levels=levels, score_bias=a.score_bias)
-    cfg = TrainConfig(seed=a.seed, passes=a.passes, snapshot_chunks=0,
+    cfg = TrainConfig(seed=a.seed, passes=a.passes, lr_end=a.lr_end, snapshot_chunks=0,
                       max_steps_per_chunk=2 if a.quick else None,
                       collaborative=CollaborativeConfig(unit_users=a.unit_users, weight_rule=a.weight_rule,
                                                         weight_windows=a.weight_windows,
@@ -197,6 +197,8 @@ def main() -> None:
                     help="the Online Retail CSV (.gz); default $HIRFLOW_ONLINE_RETAIL")
     ap.add_argument("--only", choices=["online_retail", "synthetic"])
     ap.add_argument("--passes", type=int, default=1, help="shuffled passes over each day's events")
+    ap.add_argument("--lr-end", type=float, default=TrainConfig.lr_end,
+                    help="the learning rate's last value, as a share of its peak (cosine schedule)")
     ap.add_argument("--fit-validation", action=argparse.BooleanOptionalAction, default=True,
                     help="fit the model on the training and validation windows, everything before "
                          "the test window, as each baseline is refitted (default: on); off: the "

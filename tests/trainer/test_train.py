@@ -56,6 +56,9 @@ def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
     assert all(set(r) >= {"loss", "distill", "engage", "hierarchy", "lr"} for r in rows)
     assert [r["cutoff"] for r in rows] == sorted(r["cutoff"] for r in rows)  # time-ordered
     assert [r["chunk"] for r in rows] == sorted(r["chunk"] for r in rows)
+    # the learning rate peaks at lr and ends at lr_end of it (the last days still learned)
+    assert max(r["lr"] for r in rows) == pytest.approx(cfg.lr)
+    assert rows[-1]["lr"] == pytest.approx(cfg.lr * cfg.lr_end)
 
 
 def digest(path):
