@@ -59,7 +59,7 @@ numpy and scipy only; `EdgeColumns` is state's data type for a batch's adjacenci
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -67,6 +67,7 @@ import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.linalg import svds
 
+from hirflow.encoder.next_period import NextPeriod, next_period_weights
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.schema import node_type
 
@@ -121,6 +122,14 @@ class CollaborativeConfig:
     factorization: str = "reduced_rank"   # how B is cut to `rank`: "reduced_rank" (the rank-r
                                           # model closest to EASE^R's scores of the training
                                           # users) or "svd" (B's own truncated SVD)
+    next_periods: int = 2            # periods of the next-period regression added to EASE^R
+                                     # (`encoder.next_period`; 0: none), each as long as the
+                                     # holdout window; on Online Retail's windows before its
+                                     # test window 2 ranked better than 4 (docs/evaluation.md)
+    next_l2: float = 3000.0          # its ridge lambda
+    next_weight: float | None = None     # its score spread over EASE^R's (None: chosen on the
+                                         # holdout from `next_grid` by the block alone)
+    next_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
 
     def __post_init__(self) -> None:
         if self.rank < 0 or (self.weight is not None and self.weight < 0) or self.max_items < 2 \
@@ -134,7 +143,10 @@ class CollaborativeConfig:
                 or (self.fit_days is not None and self.fit_days < 0) \
                 or self.fit_rule not in FIT_RULES or self.recency_rule not in RECENCY_RULES \
                 or not self.fit_scales or min(self.fit_scales) < 0 \
-                or not self.fit_grid or min(self.fit_grid) < 0:
+                or not self.fit_grid or min(self.fit_grid) < 0 \
+                or self.next_periods < 0 or self.next_l2 <= 0 \
+                or (self.next_weight is not None and self.next_weight < 0) \
+                or not self.next_grid or min(self.next_grid) < 0:
             raise ValueError("collaborative: rank >= 0, weight >= 0 or None, max_items >= 2, "
                              "holdout in (0, 1), weight_windows >= 1 with holdout x "
                              "weight_windows < 1, non-empty l2_grid (> 0) and weight_grid (>= 0), "
@@ -142,7 +154,15 @@ class CollaborativeConfig:
                              f"{FACTORIZATIONS}, fit_rule one of {FIT_RULES}, recency_rule one "
                              f"of {RECENCY_RULES}, recency_days and "
                              "fit_days >= 0 or None, non-empty recency_grid, fit_scales and "
-                             "fit_grid (>= 0)")
+                             "fit_grid (>= 0), next_periods >= 0, next_l2 > 0, next_weight "
+                             ">= 0 or None, non-empty next_grid (>= 0)")
+
+    def next_weights(self) -> tuple[float, ...]:
+        """The next-period part's weights the holdout chooses among (one when configured;
+        (0,) when it has no periods)."""
+        if self.next_periods == 0:
+            return (0.0,)
+        return (self.next_weight,) if self.next_weight is not None else tuple(self.next_grid)
 
     def fits(self) -> tuple[float | tuple[float, ...], ...]:
         """The fits the holdout chooses among, with lambda: a tau (one fit) or a tuple of taus
@@ -329,14 +349,50 @@ def ease_scales(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape, lam: f
     taus = taus_of(fit)
     if len(taus) == 1:
         return ease_weights(fit_weighted(rows, cols, t, shape, taus[0]), lam)
-    x = recency_weighted(rows, cols, t, shape, 0.0)
-    gram = (x.T @ x).toarray().astype(np.float64)
+    gram = users_gram(rows, cols, shape)
     total = np.zeros((shape[1], shape[1]))
     for days in taus:
         b = ease_weights(fit_weighted(rows, cols, t, shape, days), lam)
-        rms = np.sqrt(max(float(np.sum((gram @ b) * b)), 0.0) / (shape[0] * shape[1]))
+        rms = score_rms(b, gram, shape)
         total += b / rms if rms > 0 else b
     return total / len(taus)
+
+
+def users_gram(rows: np.ndarray, cols: np.ndarray, shape) -> np.ndarray:
+    """X^T X of the pairs' binary users x items matrix X, dense (I, I)."""
+    x = recency_weighted(rows, cols, np.zeros(len(rows)), shape, 0.0)
+    return (x.T @ x).toarray().astype(np.float64)
+
+
+def score_rms(b: np.ndarray, gram: np.ndarray, shape) -> float:
+    """The root mean square of the scores X B over every (user, item) of the binary X whose
+    X^T X is `gram` (read from B^T (X^T X) B, so memory stays I x I)."""
+    return float(np.sqrt(max(float(np.sum((gram @ b) * b)), 0.0) / (shape[0] * shape[1])))
+
+
+def block_weights(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape, lam: float,
+                  fit: float | Sequence[float], nxt: NextPeriod | None = None,
+                  end: int | None = None) -> np.ndarray:
+    """The block's (I, I) item-item weights: EASE^R's (`ease_scales`), plus, when `nxt` is
+    active, the next-period regression's (`encoder.next_period`, periods ending at `end`,
+    None: just after the last pair), each at unit score spread over the pairs' users and
+    the second times `nxt.weight`."""
+    b = ease_scales(rows, cols, t, shape, lam, fit)
+    if nxt is None or not nxt.active or not len(t):
+        return b
+    end = int(np.max(t)) + 1 if end is None else int(end)
+    n = next_period_weights(rows, cols, t, shape, nxt.l2, nxt.periods, nxt.span, end)
+    return blend(b, n, users_gram(rows, cols, shape), shape, nxt.weight)
+
+
+def blend(b: np.ndarray, n: np.ndarray, gram: np.ndarray, shape, weight: float) -> np.ndarray:
+    """EASE^R's weights `b` plus `weight` times the next-period weights `n`, each at unit score
+    spread over the users whose X^T X is `gram`; `b` itself when either has no spread or
+    `weight` is 0."""
+    rb, rn = score_rms(b, gram, shape), score_rms(n, gram, shape)
+    if rb <= 0 or rn <= 0 or weight <= 0:
+        return b
+    return b / rb + weight * n / rn
 
 
 def truncated(b: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -443,18 +499,21 @@ class Holdout:
     judged: np.ndarray
     truth: list[np.ndarray]
     history: tuple[np.ndarray, np.ndarray, np.ndarray]
+    nxt: NextPeriod | None = None    # the next-period weights added to EASE^R's (None: none)
     _ease: tuple[tuple, np.ndarray] | None = field(default=None, repr=False)  # last solve
 
     @classmethod
-    def at_time(cls, data: Interactions, at: int, until: int | None = None) -> "Holdout":
-        """The split at `at`, judged on the pairs from `at` to `until` (None: the end)."""
+    def at_time(cls, data: Interactions, at: int, until: int | None = None,
+                nxt: NextPeriod | None = None) -> "Holdout":
+        """The split at `at`, judged on the pairs from `at` to `until` (None: the end); the
+        block's weights with `nxt`'s next-period part, its periods ending at `at`."""
         history = data.arrays(before=at)
         before, after = recency_weighted(*history, data.shape, 0.0), data.matrix(before=until, since=at)
         new = (after - after.multiply(before)).tocsr()
         new.eliminate_zeros()
         judged = np.flatnonzero(np.diff(new.indptr) > 0)
         return cls(at, before, judged, [new.indices[new.indptr[u]:new.indptr[u + 1]] for u in judged],
-                   history)
+                   history, nxt)
 
     def queries(self, days: float | Sequence[float]) -> sp.csr_matrix:
         """The judged users' item weights before `at`, recency-weighted with tau `days` (or
@@ -487,11 +546,13 @@ class Holdout:
         return lam, fit, tried
 
     def ease(self, lam: float, fit_days: float | Sequence[float] = 0.0) -> np.ndarray:
-        """EASE^R's weights on the pairs before `at` with `lam` and fit `fit_days` (one tau or
-        several, `ease_scales`), the last solve kept for the choices that follow."""
-        key = (lam, taus_of(fit_days))
+        """The block's weights on the pairs before `at` (`block_weights`: EASE^R with `lam`
+        and fit `fit_days`, one tau or several, plus the next-period part), the last solve
+        kept for the choices that follow."""
+        key = (lam, taus_of(fit_days), self.nxt)
         if self._ease is None or self._ease[0] != key:
-            self._ease = (key, ease_scales(*self.history, self.before.shape, lam, fit_days))
+            self._ease = (key, block_weights(*self.history, self.before.shape, lam, fit_days,
+                                             self.nxt, self.at))
         return self._ease[1]
 
     def choose_recency(self, lam: float, grid: Sequence,
@@ -502,6 +563,26 @@ class Holdout:
         b = self.ease(lam, fit_days)
         tried = {days: self.recall(np.asarray(self.queries(days) @ b)) for days in grid}
         return max(tried, key=tried.get), tried
+
+    def choose_next(self, lam: float, fit_days: float | Sequence[float],
+                    recency_days: float | Sequence[float], base: NextPeriod,
+                    grid: Sequence[float]) -> tuple[float, dict[float, float]]:
+        """The next-period part's weight (`base` with each weight of `grid`) with the best
+        holdout Recall@20 of the block alone (full rank, users' items weighted by
+        `recency_days`), ties to the first; the holdout keeps the chosen part (`nxt`) and its
+        weights: -> (weight, Recall@20 per weight)."""
+        self.nxt = None
+        b = self.ease(lam, fit_days)
+        n = next_period_weights(*self.history, self.before.shape, base.l2, base.periods,
+                                base.span, self.at)
+        gram = users_gram(self.history[0], self.history[1], self.before.shape)
+        queries = self.queries(recency_days)
+        blended = {w: blend(b, n, gram, self.before.shape, w) for w in grid}
+        tried = {w: self.recall(np.asarray(queries @ bw)) for w, bw in blended.items()}
+        best = max(tried, key=tried.get)
+        self.nxt = replace(base, weight=best)
+        self._ease = ((lam, taus_of(fit_days), self.nxt), blended[best])
+        return best, tried
 
     def choose_weight(self, encoder_scores: np.ndarray, lam: float, rank: int,
                       grid: Sequence[float], unit_users: bool = True,
@@ -549,25 +630,34 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
         query_types: Sequence[str], settings: Mapping | None = None,
         unit_users: bool = True, recency_days: float | Sequence[float] = 0.0,
         fit_days: float | Sequence[float] = 0.0,
-        factorization: str = "reduced_rank") -> CollaborativeBlock | None:
+        factorization: str = "reduced_rank", nxt: NextPeriod | None = None) -> CollaborativeBlock | None:
     """EASE^R with `lam` on all of `data`, its pairs weighted by recency with tau `fit_days`
     (0: binary; several taus: their fits summed, `ease_scales`), cut to `rank` (at most
     items - 1) by `factorization`, unscaled (`scaled` sets its
     weight); users' blocks of unit length with `unit_users`, their items weighted by recency
-    with tau `recency_days` (0: alike; several: their weights averaged). None when there is
-    nothing to fit."""
+    with tau `recency_days` (0: alike; several: their weights averaged); the next-period
+    part `nxt` added to EASE^R's weights before the cut (`block_weights`, its periods ending
+    just after the last pair). None when there is nothing to fit."""
     if rank == 0 or len(data.items) < 2 or not data.pairs:
         return None
     rank = min(rank, len(data.items) - 1)
     arrays = data.arrays()
-    b = ease_scales(*arrays, data.shape, lam, fit_days)
+    b = block_weights(*arrays, data.shape, lam, fit_days, nxt)
     q, k = factors(b, recency_weighted(*arrays, data.shape, 0.0), rank, factorization)
     extra = {"user_norm": 1.0} if unit_users else {}
     return CollaborativeBlock(tuple(data.items), q, k, tuple(sorted(actions)), tuple(query_types),
                               dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
                                    users=len(data.users), recency_days=taus_json(recency_days),
                                    fit_days=taus_json(fit_days), factorization=factorization,
-                                   **extra))
+                                   **next_settings(nxt), **extra))
+
+
+def next_settings(nxt: NextPeriod | None) -> dict:
+    """The next-period part as manifests record it (empty: none)."""
+    if nxt is None or not nxt.active:
+        return {}
+    return {"next_periods": nxt.periods, "next_span_days": round(nxt.span / DAY_MS, 3),
+            "next_l2": nxt.l2, "next_weight": nxt.weight}
 
 
 def scaled(block: CollaborativeBlock, encoder_scores: np.ndarray, block_scores: np.ndarray,

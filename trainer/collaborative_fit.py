@@ -1,11 +1,13 @@
 """Fitting the served embedding's collaborative block around a training run
 (`encoder.collaborative`).
 
-Four settings are chosen on holdouts of the training window itself, never on validation or
+Five settings are chosen on holdouts of the training window itself, never on validation or
 test: EASE^R's lambda with its fit (the sum of fits at several recency scales by default, or
 one tau of the pairs' weights: `CollaborativeConfig.fit_rule`), then the recency weights of
-a user's items (their mix over several taus by default, or one tau: `recency_rule`; all by
-the block alone), and the block's weight against the encoder. The holdout window starts at
+a user's items (their mix over several taus by default, or one tau: `recency_rule`), the
+weight of the next-period regression added to EASE^R (`encoder.next_period`; its periods as
+long as the holdout window; all three by the block alone), and the block's weight against
+the encoder. The holdout window starts at
 the first time chunk that begins in the window's last `holdout` share of positive
 engagements; with `weight_windows` > 1 (an option; 1 by default) as many windows of the same
 share come before it, each judged up to the next one's start. The trainer visits chunks in
@@ -14,20 +16,22 @@ time order, so when it reaches a window's first chunk the student has seen nothi
 from a store of the events before it, and scores the sum of encoder and block scores at each
 weight of the grid by how well it ranks the window's new items. The weight is chosen on all
 windows' users together (the best by default, or the lightest within one standard error of
-the best: `CollaborativeConfig.weight_rule`). Lambda, the fit and the users' weights are the
-last window's. What the windows found is kept in the resume snapshot. After training,
-`block` refits EASE^R on the whole window with the chosen lambda and scales it against the
-final encoder's scores.
+the best: `CollaborativeConfig.weight_rule`). Lambda, the fit, the users' weights and the
+next-period weight are the last window's. What the windows found is kept in the resume snapshot. After training,
+`block` refits EASE^R and the next-period regression on the whole window with the chosen
+settings and scales the block against the final encoder's scores.
 """
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 
 from hirflow.encoder import collaborative as C
+from hirflow.encoder.next_period import NextPeriod
 from hirflow.encoder.model import HierarchicalEncoder
 from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig, node_type
@@ -54,6 +58,9 @@ class CollaborativeFit:
         windows = cfg.weight_windows if cfg.weight is None else 1
         self.starts = [self.data.quantile_time(1 - cfg.holdout * j) for j in range(windows, 0, -1)] \
             if self.enabled else []
+        # the next-period regression's periods are as long as the last holdout window
+        span = max(t for _, _, t in self.data.pairs) + 1 - self.starts[-1] if self.starts else 0
+        self.next_base = NextPeriod(cfg.next_periods, int(span), cfg.next_l2, 0.0)
         self.windows: list[dict] = []        # each window reached: its weight curve (JSON)
         self.choice: dict | None = None      # what the holdout chose (JSON: kept in snapshots)
 
@@ -106,6 +113,8 @@ class CollaborativeFit:
         days, days_tried = self.cfg.recency_days, {}
         if days is None:
             days, days_tried = h.choose_recency(lam, self.cfg.recencies(), fit_days)
+        next_weight, next_tried = h.choose_next(lam, fit_days, days, self.next_base,
+                                                self.cfg.next_weights())
         per_user = {}
         if self.cfg.weight is None:
             users = [self.data.users[i] for i in h.judged]
@@ -118,11 +127,12 @@ class CollaborativeFit:
             # unrounded (JSON keeps a float exactly): a resumed run chooses as an unbroken one
             per_user = {str(w): [float(x) for x in r] for w, r in curve.items()}
         return {"users": int(len(h.judged)), "l2": lam, "fit_days": C.taus_json(fit_days),
-                "recency_days": C.taus_json(days),
+                "recency_days": C.taus_json(days), "next_weight": next_weight,
                 # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
                 "l2_recall@20": {f"{k[0]:g}/{C.taus_label(k[1])}": round(v, 5) for k, v in l2_tried.items()},
                 # keyed by tau ("0+30+..." for a mix)
                 "recency_recall@20": {C.taus_label(k): round(v, 5) for k, v in days_tried.items()},
+                "next_recall@20": {f"{k:g}": round(v, 5) for k, v in next_tried.items()},
                 "per_user_recall@20": per_user}
 
     def _decide(self, last: dict) -> dict:
@@ -136,8 +146,9 @@ class CollaborativeFit:
             pooled = {float(k): np.concatenate([np.asarray(w["per_user_recall@20"][k]) for w in usable])
                       for k in last["per_user_recall@20"]}
             weight, tried = C.pick_weight(pooled, self.cfg.weight_rule)
-        choice = {k: last[k] for k in ("at", "usable", "l2", "fit_days", "recency_days",
-                                       "l2_recall@20", "recency_recall@20")}
+        choice = {k: last.get(k) for k in ("at", "usable", "l2", "fit_days", "recency_days",
+                                           "l2_recall@20", "recency_recall@20", "next_weight",
+                                           "next_recall@20")}
         choice.update({"weight": weight, "holdout_users": last["users"],
                        "weight_recall@20": {str(k): round(v, 5) for k, v in tried.items()},
                        # each window's own curve: its mean Recall@20 per weight
@@ -146,9 +157,9 @@ class CollaborativeFit:
                                                          for k, r in w["per_user_recall@20"].items()}}
                                    for w in usable]})
         log.info("collaborative block: %d holdout window(s), %d users, chose lambda %g, fit tau %s "
-                 "days, recency tau %s days, weight %g", len(usable), sum(w["users"] for w in usable),
-                 choice["l2"], C.taus_label(choice["fit_days"]), C.taus_label(choice["recency_days"]),
-                 weight)
+                 "days, recency tau %s days, next-period weight %g, weight %g", len(usable),
+                 sum(w["users"] for w in usable), choice["l2"], C.taus_label(choice["fit_days"]),
+                 C.taus_label(choice["recency_days"]), choice["next_weight"] or 0.0, weight)
         return choice
 
     def block(self, embs: np.ndarray, nodes: list[str], sampler: ViewSampler) -> C.CollaborativeBlock | None:
@@ -165,12 +176,14 @@ class CollaborativeFit:
             weight = self.cfg.weight if self.cfg.weight is not None else DEFAULT_WEIGHT
             log.warning("collaborative block: no holdout chunk to choose its weight on; weight %g", weight)
             choice = {"l2": lam, "weight": weight, "usable": False, "fit_days": C.taus_json(fit_days),
-                      "recency_days": C.taus_json(self.cfg.recencies()[0])}
+                      "recency_days": C.taus_json(self.cfg.recencies()[0]),
+                      "next_weight": self.cfg.next_weights()[0]}
         codes = self.schema.action_codes()
         block = C.fit(self.data, choice["l2"], self.cfg.rank, [codes[a] for a in self.positive],
                       (self.schema.user_type,), {"holdout": choice}, self.cfg.unit_users,
                       choice.get("recency_days") or 0.0, choice.get("fit_days") or 0.0,
-                      self.cfg.factorization)
+                      self.cfg.factorization,
+                      replace(self.next_base, weight=choice.get("next_weight") or 0.0))
         if block is None:
             return None
         row = {n: i for i, n in enumerate(nodes)}

@@ -51,6 +51,9 @@ def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
     assert set(chosen["l2_recall@20"]) == {f"{lam:g}/" + "+".join(f"{d:g}" for d in c.fit_scales)
                                            for lam in c.l2_grid}
     assert ck.manifest["collaborative"]["fit_days"] == chosen["fit_days"]
+    # the next-period regression's weight chosen from its grid by the block alone
+    assert chosen["next_weight"] in c.next_grid
+    assert set(chosen["next_recall@20"]) == {f"{w:g}" for w in c.next_grid}
     rows = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert len(rows) == ck.manifest["steps"]
     assert all(set(r) >= {"loss", "distill", "engage", "hierarchy", "lr"} for r in rows)
