@@ -16,6 +16,7 @@ training time and peak memory.
                             [--recency-days DAYS]
                             [--recency-rule mix|choose] [--fit-days DAYS]
                             [--fit-rule scales|choose] [--factorization reduced_rank|svd]
+                            [--next-periods N] [--next-weight W]
                             [--device cpu|cuda] [--seed N] [--out DIR [--reuse]]
     python bench/quality.py --pool DIR [DIR ...]
 
@@ -101,7 +102,9 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
                                                         recency_days=a.recency_days,
                                                         recency_rule=a.recency_rule,
                                                         fit_days=a.fit_days, fit_rule=a.fit_rule,
-                                                        factorization=a.factorization))
+                                                        factorization=a.factorization,
+                                                        next_periods=a.next_periods,
+                                                        next_weight=a.next_weight))
     stats: dict = {}
     t = time.perf_counter()
     earlier = sorted((out / f"{name}-ck").glob("ckpt-*")) if a.reuse else []
@@ -232,6 +235,11 @@ def main() -> None:
                     help="how the block's EASE^R weights are cut to its rank: the rank-r model "
                          "closest to EASE^R's scores of the training users (default), or the "
                          "weights' truncated SVD")
+    ap.add_argument("--next-periods", type=int, default=2, metavar="N",
+                    help="periods of the next-period regression added to the block's EASE^R "
+                         "(each as long as the trainer's holdout window; 0: none; default 2)")
+    ap.add_argument("--next-weight", type=float, default=None, metavar="W",
+                    help="its score spread over EASE^R's (default: chosen by the trainer's holdout)")
     ap.add_argument("--knowledge", action=argparse.BooleanOptionalAction, default=None,
                     help="MiniLM texts as world knowledge (default: on, off with --quick)")
     ap.add_argument("--device", choices=["cpu", "cuda"])

@@ -174,6 +174,12 @@ class TrainSection:
     collaborative_fit_rule: str = "scales"   # scales: EASE^R fitted at recency scales of 15
                                         # to 240 days, the fits summed; choose: one scale (or
                                         # none), chosen with lambda on the window's last 10 %
+    collaborative_next_periods: int = 2   # periods (each as long as the training window's
+                                        # last 10 %) of the next-period regression added to
+                                        # EASE^R in the block: which items users buy new after
+                                        # what they had (0: none)
+    collaborative_next_weight: float | None = None   # its score spread over EASE^R's (unset:
+                                        # chosen on the training window's last 10 %, 0 to 1)
     sample_workers: int = 1             # threads sampling views ahead of the model (0: inline)
     knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
     announce: bool = True               # announce each complete checkpoint on hirflow.checkpoints
@@ -187,6 +193,9 @@ class TrainSection:
                 or (self.collaborative_recency_days or 0) < 0 or (self.collaborative_fit_days or 0) < 0:
             raise ValueError("train.collaborative_rank, collaborative_weight, "
                              "collaborative_recency_days and collaborative_fit_days must be >= 0")
+        if self.collaborative_next_periods < 0 or (self.collaborative_next_weight or 0) < 0:
+            raise ValueError("train.collaborative_next_periods and collaborative_next_weight "
+                             "must be >= 0")
         if not 1 <= self.collaborative_weight_windows <= 9:
             raise ValueError("train.collaborative_weight_windows must be in 1..9 (windows of 10 % "
                              f"each inside the training window), got {self.collaborative_weight_windows}")

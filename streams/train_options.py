@@ -30,7 +30,9 @@ def run_options(cfg: HirflowConfig, resume: bool = False, log_path: str | None =
                                                           recency_days=tc.collaborative_recency_days,
                                                           recency_rule=tc.collaborative_recency_rule,
                                                           fit_days=tc.collaborative_fit_days,
-                                                          fit_rule=tc.collaborative_fit_rule),
+                                                          fit_rule=tc.collaborative_fit_rule,
+                                                          next_periods=tc.collaborative_next_periods,
+                                                          next_weight=tc.collaborative_next_weight),
                         log_path=log_path)
     return RunOptions(train_share=tc.train_share, fit_validation=tc.fit_validation,
                       window_s=parse_duration(tc.window) if tc.window else None,

@@ -122,3 +122,34 @@ def test_the_config_offers_the_holdout_its_weights():
     for bad in ({"next_periods": -1}, {"next_l2": 0.0}, {"next_weight": -1.0}, {"next_grid": ()}):
         with pytest.raises(ValueError, match="next_"):
             C.CollaborativeConfig(**bad)
+
+
+@settings(max_examples=50, deadline=None)
+@given(a=st.lists(st.floats(0, 1), min_size=2, max_size=40), shift=st.floats(1e-3, 1))
+def test_a_clear_lead_is_more_than_one_standard_error(a, shift):
+    a = np.array(a)
+    assert C.clear_lead(a + shift, a)                       # the same lead for every user
+    assert not C.clear_lead(a, a)                           # no lead
+    b = a[::-1]
+    assert not (C.clear_lead(a, b) and C.clear_lead(b, a))
+    d = a - b
+    assert C.clear_lead(a, b) == (d.mean() > d.std(ddof=1) / np.sqrt(len(d)))
+
+
+def test_a_lead_inside_the_noise_keeps_the_block_as_it_was():
+    """Where the next period is noise (users' next items unrelated to what they had), the
+    holdout's best weight here leads weight 0 by less than a standard error, and weight 0
+    is kept: EASE^R's block unchanged."""
+    rng = np.random.default_rng(16)
+    pairs = []
+    for u in range(400):
+        t0, g = int(rng.integers(0, 50)), int(rng.integers(0, 4))
+        pairs += [(f"user:{u}", f"product:{g}.{int(c)}", t0 * DAY) for c in rng.choice(20, 4, replace=False)]
+        pairs += [(f"user:{u}", f"product:{int(rng.integers(0, 4))}.{int(rng.integers(0, 20))}", (t0 + 10) * DAY)]
+    data = C.Interactions.of(sorted(pairs, key=lambda p: p[2]), ("user",), ("product",), 500)
+    at = data.quantile_time(0.85)
+    h = C.Holdout.at_time(data, at)
+    lam, fit, _ = h.choose_fit((10.0,), ((15.0, 60.0),))
+    weight, tried = h.choose_next(lam, fit, 0.0, NextPeriod(2, 10 * DAY, 100.0, 0.0), (0.0, 0.5, 1.0))
+    assert weight == 0.0 and max(tried.values()) > tried[0.0], tried     # a lead, not kept
+    np.testing.assert_array_equal(h.ease(lam, fit), C.ease_scales(*h.history, h.before.shape, lam, fit))

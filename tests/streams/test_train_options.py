@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-from hirflow.encoder.collaborative import FIT_RULES, RECENCY_RULES
+from hirflow.encoder.collaborative import FIT_RULES, RECENCY_RULES, CollaborativeConfig
 from hirflow.encoder.model import EncoderConfig
 from hirflow.encoder.quantize import QuantizerConfig
 from hirflow.state.config import ConfigError
@@ -39,7 +39,8 @@ def test_file_then_env_then_flags(tmp_path):
                             "HIRFLOW_TRAIN__COLLABORATIVE_FIT_DAYS": "30",
                             "HIRFLOW_TRAIN__COLLABORATIVE_FIT_RULE": "choose",
                             "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_RULE": "choose",
-                            "HIRFLOW_TRAIN__COLLABORATIVE_WEIGHT_WINDOWS": "3"},
+                            "HIRFLOW_TRAIN__COLLABORATIVE_WEIGHT_WINDOWS": "3",
+                            "HIRFLOW_TRAIN__COLLABORATIVE_NEXT_WEIGHT": "0.5"},
                overrides={"train.objective": "bce"})
     opts = run_options(cfg)
     assert (opts.train.passes, opts.train.seed, opts.train.objective) == (3, 6, "bce")
@@ -48,6 +49,8 @@ def test_file_then_env_then_flags(tmp_path):
     assert opts.train.collaborative.fit_rule == "choose"
     assert opts.train.collaborative.recency_rule == "choose"
     assert opts.train.collaborative.weight_windows == 3
+    assert opts.train.collaborative.next_weight == 0.5
+    assert opts.train.collaborative.next_periods == CollaborativeConfig().next_periods == 2
     assert opts.window_s == 14 * 86400 and opts.train.quantizer.m == 4
     assert opts.encoder["d_model"] == 128 and tuple(opts.encoder["levels"]) == (4, 16)
 
@@ -65,7 +68,9 @@ def test_file_then_env_then_flags(tmp_path):
                                        ({"train": {"collaborative_recency_rule": "mean"}},
                                         "collaborative_recency_rule"),
                                        ({"train": {"collaborative_weight_windows": 0}},
-                                        "collaborative_weight_windows")])
+                                        "collaborative_weight_windows"),
+                                       ({"train": {"collaborative_next_periods": -1}},
+                                        "collaborative_next_periods")])
 def test_a_bad_key_or_value_is_an_error_that_names_it(tmp_path, data, key):
     import json
     f = tmp_path / "c.json"
