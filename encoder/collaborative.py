@@ -48,12 +48,14 @@ picks one tau of `fit_grid` with lambda instead.
 
 Added to EASE^R's weights before the cut (`block_weights`), at unit score spread times a
 weight (`next_weight`, chosen on the holdout by the block alone from `next_grid` unless
-configured), are a next-period regression's (`encoder.next_period`): EASE^R says which items
+configured; a weight above the grid's lightest only when it leads that one by more than a
+standard error, `clear_lead`), are a next-period regression's (`encoder.next_period`): EASE^R says which items
 are owned together, the regression which items users buy new after what they had, the
 question a served ranking is judged on. At weight 1, on Online Retail's three windows
 before its test window it raised the block alone's Recall@20 by 11-20 %; on the synthetic
 world's it lowered it by 5-11 % (at 0.25 from -5 % to +0.1 %), which is why the holdout
-chooses the weight (docs/evaluation.md).
+chooses the weight, and why a lead inside one window's noise does not count
+(docs/evaluation.md).
 
 Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes
 live in the first d_emb coordinates only. Nodes of other types, and items outside the
@@ -137,7 +139,8 @@ class CollaborativeConfig:
                                      # test window 2 ranked better than 4 (docs/evaluation.md)
     next_l2: float = 3000.0          # its ridge lambda
     next_weight: float | None = None     # its score spread over EASE^R's (None: chosen on the
-                                         # holdout from `next_grid` by the block alone)
+                                         # holdout from `next_grid` by the block alone, above
+                                         # the lightest only on a clear lead)
     next_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
 
     def __post_init__(self) -> None:

@@ -179,7 +179,8 @@ class TrainSection:
                                         # EASE^R in the block: which items users buy new after
                                         # what they had (0: none)
     collaborative_next_weight: float | None = None   # its score spread over EASE^R's (unset:
-                                        # chosen on the training window's last 10 %, 0 to 1)
+                                        # chosen on the training window's last 10 %, 0 to 1;
+                                        # above 0 only on a lead of one standard error)
     sample_workers: int = 1             # threads sampling views ahead of the model (0: inline)
     knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
     announce: bool = True               # announce each complete checkpoint on hirflow.checkpoints
