@@ -394,14 +394,15 @@ def block_weights(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape, lam:
         return b
     end = int(np.max(t)) + 1 if end is None else int(end)
     n = next_period_weights(rows, cols, t, shape, nxt.l2, nxt.periods, nxt.span, end)
-    return blend(b, n, users_gram(rows, cols, shape), shape, nxt.weight)
+    gram = users_gram(rows, cols, shape)
+    return blend(b, n, (score_rms(b, gram, shape), score_rms(n, gram, shape)), nxt.weight)
 
 
-def blend(b: np.ndarray, n: np.ndarray, gram: np.ndarray, shape, weight: float) -> np.ndarray:
-    """EASE^R's weights `b` plus `weight` times the next-period weights `n`, each at unit score
-    spread over the users whose X^T X is `gram`; `b` itself when either has no spread or
+def blend(b: np.ndarray, n: np.ndarray, spreads: tuple[float, float], weight: float) -> np.ndarray:
+    """EASE^R's weights `b` plus `weight` times the next-period weights `n`, each divided by
+    its score spread (`spreads`, from `score_rms`); `b` itself when either has no spread or
     `weight` is 0."""
-    rb, rn = score_rms(b, gram, shape), score_rms(n, gram, shape)
+    rb, rn = spreads
     if rb <= 0 or rn <= 0 or weight <= 0:
         return b
     return b / rb + weight * n / rn
@@ -591,16 +592,16 @@ class Holdout:
         n = next_period_weights(*self.history, self.before.shape, base.l2, base.periods,
                                 base.span, self.at)
         gram = users_gram(self.history[0], self.history[1], self.before.shape)
+        spreads = score_rms(b, gram, self.before.shape), score_rms(n, gram, self.before.shape)
         queries = self.queries(recency_days)
-        blended = {w: blend(b, n, gram, self.before.shape, w) for w in grid}
-        per_user = {w: self.per_user(np.asarray(queries @ bw)) for w, bw in blended.items()}
+        per_user = {w: self.per_user(np.asarray(queries @ blend(b, n, spreads, w))) for w in grid}
         tried = {w: float(r.mean()) for w, r in per_user.items()}
         best = max(tried, key=tried.get)
         lightest = min(grid)
         if not clear_lead(per_user[best], per_user[lightest]):
             best = lightest
         self.nxt = replace(base, weight=best)
-        self._ease = ((lam, taus_of(fit_days), self.nxt), blended[best])
+        self._ease = ((lam, taus_of(fit_days), self.nxt), blend(b, n, spreads, best))
         return best, tried
 
     def choose_weight(self, encoder_scores: np.ndarray, lam: float, rank: int,
