@@ -49,12 +49,12 @@ picks one tau of `fit_grid` with lambda instead.
 Added to EASE^R's weights before the cut (`block_weights`), at unit score spread times a
 weight (`next_weight`, chosen on the holdout by the block alone from `next_grid` unless
 configured; a weight above the grid's lightest only when it leads that one by more than a
-standard error, `clear_lead`), are a next-period regression's (`encoder.next_period`): EASE^R says which items
-are owned together, the regression which items users buy new after what they had, the
-question a served ranking is judged on. At weight 1, on Online Retail's three windows
-before its test window it raised the block alone's Recall@20 by 11-20 %; on the synthetic
-world's it lowered it by 5-11 % (at 0.25 from -5 % to +0.1 %), which is why the holdout
-chooses the weight, and why a lead inside one window's noise does not count
+standard error, `clear_lead`), are a next-period regression's (`encoder.next_period`):
+EASE^R says which items are owned together, the regression which items users buy new after
+what they had, the question a served ranking is judged on. At weight 1, on Online Retail's
+three windows before its test window it raised the block alone's Recall@20 by 11-20 %; on
+the synthetic world's it lowered it by 5-11 % (at 0.25 from -5 % to +0.1 %), which is why
+the holdout chooses the weight, and why a lead inside one window's noise does not count
 (docs/evaluation.md).
 
 Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes
@@ -588,6 +588,8 @@ class Holdout:
         block: `clear_lead`). The holdout keeps the chosen part (`nxt`) and its weights:
         -> (weight, Recall@20 per weight)."""
         self.nxt = None
+        if not replace(base, weight=max(grid)).active:      # no periods, or nothing to weigh
+            return min(grid), {}
         b = self.ease(lam, fit_days)
         n = next_period_weights(*self.history, self.before.shape, base.l2, base.periods,
                                 base.span, self.at)

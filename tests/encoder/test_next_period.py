@@ -153,3 +153,6 @@ def test_a_lead_inside_the_noise_keeps_the_block_as_it_was():
     weight, tried = h.choose_next(lam, fit, 0.0, NextPeriod(2, 10 * DAY, 100.0, 0.0), (0.0, 0.5, 1.0))
     assert weight == 0.0 and max(tried.values()) > tried[0.0], tried     # a lead, not kept
     np.testing.assert_array_equal(h.ease(lam, fit), C.ease_scales(*h.history, h.before.shape, lam, fit))
+    # no periods: nothing to try, nothing added
+    assert h.choose_next(lam, fit, 0.0, NextPeriod(0, 10 * DAY, 100.0, 0.0), (0.0,)) == (0.0, {})
+    assert h.nxt is None
