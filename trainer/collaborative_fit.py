@@ -10,11 +10,11 @@ long as the holdout window; all three by the block alone), and the block's weigh
 the encoder. The holdout window starts at the first time chunk that begins in the window's
 last `holdout` share of positive engagements; with `weight_windows` > 1 (an option; 1 by
 default) as many windows of the same share come before it, each judged up to the next one's
-start. The trainer visits chunks in
-time order, so when it reaches a window's first chunk the student has seen nothing from it;
-`choose` then embeds the window's users and the vocabulary's items as of the chunk's start,
-from a store of the events before it, and scores the sum of encoder and block scores at each
-weight of the grid by how well it ranks the window's new items. The weight is chosen on all
+start. The trainer visits chunks in time order, so when it reaches a window's first chunk
+the student has seen nothing from it; `choose` then embeds the window's users and the
+vocabulary's items as of the chunk's start, from a store of the events before it, and scores
+the sum of encoder and block scores at each weight of the grid by how well it ranks the
+window's new items. The weight is chosen on all
 windows' users together (the best by default, or the lightest within one standard error of
 the best: `CollaborativeConfig.weight_rule`). Lambda, the fit, the users' weights and the
 next-period weight are the last window's. What the windows found is kept in the resume
