@@ -78,7 +78,7 @@ import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.linalg import svds
 
-from hirflow.encoder.next_period import NextPeriod, next_period_weights
+from hirflow.encoder.next_period import NextPeriod, binary, first_engagements, next_period_weights
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.schema import node_type
 
@@ -372,8 +372,8 @@ def ease_scales(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape, lam: f
 
 def users_gram(rows: np.ndarray, cols: np.ndarray, shape) -> np.ndarray:
     """X^T X of the pairs' binary users x items matrix X, dense (I, I)."""
-    x = recency_weighted(rows, cols, np.zeros(len(rows)), shape, 0.0)
-    return (x.T @ x).toarray().astype(np.float64)
+    x = binary(rows, cols, shape)
+    return (x.T @ x).toarray()
 
 
 def score_rms(b: np.ndarray, gram: np.ndarray, shape) -> float:
@@ -512,21 +512,18 @@ class Holdout:
     judged: np.ndarray
     truth: list[np.ndarray]
     history: tuple[np.ndarray, np.ndarray, np.ndarray]
-    nxt: NextPeriod | None = None    # the next-period weights added to EASE^R's (None: none)
+    nxt: NextPeriod | None = None    # the next-period part added to EASE^R's weights, its
+                                     # periods ending at `at` (None: none; `choose_next`)
     _ease: tuple[tuple, np.ndarray] | None = field(default=None, repr=False)  # last solve
 
     @classmethod
-    def at_time(cls, data: Interactions, at: int, until: int | None = None,
-                nxt: NextPeriod | None = None) -> "Holdout":
-        """The split at `at`, judged on the pairs from `at` to `until` (None: the end); the
-        block's weights with `nxt`'s next-period part, its periods ending at `at`."""
+    def at_time(cls, data: Interactions, at: int, until: int | None = None) -> "Holdout":
+        """The split at `at`, judged on the pairs from `at` to `until` (None: the end)."""
         history = data.arrays(before=at)
-        before, after = recency_weighted(*history, data.shape, 0.0), data.matrix(before=until, since=at)
-        new = (after - after.multiply(before)).tocsr()
-        new.eliminate_zeros()
-        judged = np.flatnonzero(np.diff(new.indptr) > 0)
+        before = recency_weighted(*history, data.shape, 0.0)
+        new, judged = first_engagements(before, data.matrix(before=until, since=at))
         return cls(at, before, judged, [new.indices[new.indptr[u]:new.indptr[u + 1]] for u in judged],
-                   history, nxt)
+                   history)
 
     def queries(self, days: float | Sequence[float]) -> sp.csr_matrix:
         """The judged users' item weights before `at`, recency-weighted with tau `days` (or

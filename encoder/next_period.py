@@ -49,6 +49,14 @@ def binary(rows: np.ndarray, cols: np.ndarray, shape) -> sp.csr_matrix:
     return x
 
 
+def first_engagements(history: sp.csr_matrix, after: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray]:
+    """The (user, item) pairs of `after` that `history` lacks (items new to the user), and
+    the rows that have any."""
+    new = (after - after.multiply(history)).tocsr()
+    new.eliminate_zeros()
+    return new, np.flatnonzero(np.diff(new.indptr) > 0)
+
+
 def next_period_weights(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape, lam: float,
                         periods: int, span: int, end: int) -> np.ndarray:
     """(I, I) ridge weights from users' histories before each of `periods` cuts (end - k x
@@ -62,10 +70,7 @@ def next_period_weights(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape
         before = t < cut
         history = binary(rows[before], cols[before], shape)
         during = (t >= cut) & (t < cut + span)
-        after = binary(rows[during], cols[during], shape)
-        new = (after - after.multiply(history)).tocsr()
-        new.eliminate_zeros()
-        judged = np.flatnonzero(np.diff(new.indptr) > 0)
+        new, judged = first_engagements(history, binary(rows[during], cols[during], shape))
         if not len(judged):
             continue
         x = history[judged]
