@@ -84,7 +84,6 @@ from hirflow.state.schema import node_type
 
 FILE = "collaborative.json"          # the block's vocabulary and settings, beside the weights
 QUERY, KEY = "collab.query", "collab.key"     # its (I, rank) matrices in weights.safetensors
-WEIGHT_RULES = ("best", "one_se")
 FACTORIZATIONS = ("reduced_rank", "svd")
 FIT_RULES = ("scales", "choose")
 RECENCY_RULES = ("mix", "choose")
@@ -106,16 +105,16 @@ class CollaborativeConfig:
                                      # together choose the weight (2: on validation the same
                                      # weight in 3 runs of 4, Recall@20 1.4 % lower in the
                                      # fourth: docs/evaluation.md)
+    min_holdout_users: int = 200     # users with a history the holdout windows judge together:
+                                     # earlier windows (each a `holdout` share) are added until
+                                     # they hold this many, up to `max_holdout_share`
+    max_holdout_share: float = 0.5   # the most of the training window the holdouts may cover
     max_items: int = 5_000           # most-engaged items in the vocabulary: a dense I x I
                                      # solve and SVD per lambda tried; on 2 cores 3,600 items
                                      # take 2 s per solve and 12 s per SVD, 10,000 items 45 s
                                      # and 103 s (~8 minutes in all), 5,000 about a minute
     unit_users: bool = True          # a user's block set to a fixed length (False: the plain
                                      # sum, whose share grows with the user's history)
-    weight_rule: str = "best"        # the holdout's choice of weight: "best", or "one_se": the
-                                     # lightest within one standard error of the best (1.10x
-                                     # "best" on Online Retail's validation, 0.88x on its test
-                                     # window: docs/evaluation.md)
     recency_days: float | None = None    # tau of a user's item weights (0: all alike; None:
                                          # as `recency_rule` says)
     recency_rule: str = "mix"        # "mix": each item weighted by the mean of its weights at
@@ -147,8 +146,8 @@ class CollaborativeConfig:
         if self.rank < 0 or (self.weight is not None and self.weight < 0) or self.max_items < 2 \
                 or not 0 < self.holdout < 1 or not self.l2_grid or min(self.l2_grid) <= 0 \
                 or self.weight_windows < 1 or self.holdout * self.weight_windows >= 1 \
+                or self.min_holdout_users < 0 or not 0 < self.max_holdout_share < 1 \
                 or not self.weight_grid or min(self.weight_grid) < 0 \
-                or self.weight_rule not in WEIGHT_RULES \
                 or self.factorization not in FACTORIZATIONS \
                 or (self.recency_days is not None and self.recency_days < 0) \
                 or not self.recency_grid or min(self.recency_grid) < 0 \
@@ -161,8 +160,9 @@ class CollaborativeConfig:
                 or not self.next_grid or min(self.next_grid) < 0:
             raise ValueError("collaborative: rank >= 0, weight >= 0 or None, max_items >= 2, "
                              "holdout in (0, 1), weight_windows >= 1 with holdout x "
-                             "weight_windows < 1, non-empty l2_grid (> 0) and weight_grid (>= 0), "
-                             f"weight_rule one of {WEIGHT_RULES}, factorization one of "
+                             "weight_windows < 1, min_holdout_users >= 0, max_holdout_share in "
+                             "(0, 1), non-empty l2_grid (> 0) and weight_grid (>= 0), "
+                             "factorization one of "
                              f"{FACTORIZATIONS}, fit_rule one of {FIT_RULES}, recency_rule one "
                              f"of {RECENCY_RULES}, recency_days and "
                              "fit_days >= 0 or None, non-empty recency_grid, fit_scales and "
@@ -462,44 +462,72 @@ def recall_at(scores: np.ndarray, seen: sp.csr_matrix, truth: Sequence[np.ndarra
 
 @dataclass
 class Interactions:
-    """Time-ordered positive (user, item, ts) engagements of a training window, over a
-    vocabulary of its `max_items` most-engaged items."""
-    pairs: list[tuple[str, str, int]]
+    """Time-ordered positive (user, item, ts) engagements of a training window as arrays: the
+    vocabulary (`items`) is its `max_items` most-engaged items (the dense EASE^R fit); the
+    `tail` every other item that at least `min_users` users engaged (rows of the served
+    block fitted by `fold_in`)."""
     users: list[str]
     items: list[str]
+    tail: list[str]
+    rows: np.ndarray             # user index of every pair, time-ordered
+    cols: np.ndarray             # item index: < len(items) the vocabulary, then the tail, -1 others
+    times: np.ndarray            # ms
 
     @classmethod
     def of(cls, engagements: Iterable[tuple[str, str, int]], query_types: Sequence[str],
-           item_types: Sequence[str], max_items: int) -> "Interactions":
+           item_types: Sequence[str], max_items: int, min_users: int = 3) -> "Interactions":
         pairs = [(u, i, t) for u, i, t in engagements
                  if node_type(u) in query_types and node_type(i) in item_types]
-        users_of: dict[str, set[str]] = {}
-        for u, i, _ in pairs:
-            users_of.setdefault(i, set()).add(u)
-        items = sorted(sorted(users_of, key=lambda i: (-len(users_of[i]), i))[:max_items])
-        return cls(pairs, sorted({u for u, _, _ in pairs}), items)
+        if not pairs:
+            z = np.zeros(0, np.int64)
+            return cls([], [], [], z, z, z.astype(np.float64))
+        u, i, t = zip(*pairs)
+        times = np.asarray(t, np.float64)
+        order = np.argsort(times, kind="stable")
+        users, urow = np.unique(np.asarray(u, object)[order].astype(str), return_inverse=True)
+        names, icol = np.unique(np.asarray(i, object)[order].astype(str), return_inverse=True)
+        # distinct users per item; the vocabulary by (-users, name), the tail by name
+        distinct = np.unique(urow.astype(np.int64) * len(names) + icol)
+        counts = np.bincount(distinct % len(names), minlength=len(names))
+        ranked = np.lexsort((names, -counts))
+        head = np.sort(ranked[:max_items])
+        rest = ranked[max_items:]
+        tail = np.sort(rest[counts[rest] >= min_users])
+        code = np.full(len(names), -1, np.int64)
+        code[head] = np.arange(len(head))
+        code[tail] = len(head) + np.arange(len(tail))
+        return cls(users.tolist(), names[head].tolist(), names[tail].tolist(),
+                   urow.astype(np.int64), code[icol], times[order])
 
     def matrix(self, before: int | None = None, since: int | None = None) -> sp.csr_matrix:
-        """Binary users x items of the pairs with ts < `before` and ts >= `since`."""
+        """Binary users x items of the vocabulary's pairs with ts < `before` and ts >= `since`."""
         return recency_weighted(*self.arrays(before, since), self.shape, 0.0)
 
-    def arrays(self, before: int | None = None, since: int | None = None):
-        """(user rows, item columns, times) of the pairs with ts < `before` and ts >= `since`."""
-        row = {n: j for j, n in enumerate(self.items)}
-        urow = {n: j for j, n in enumerate(self.users)}
-        sel = [(urow[u], row[i], t) for u, i, t in self.pairs if i in row
-               and (before is None or t < before) and (since is None or t >= since)]
-        if not sel:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
-        r, c, t = zip(*sel)
-        return np.array(r, np.int64), np.array(c, np.int64), np.array(t, np.float64)
+    def arrays(self, before: int | None = None, since: int | None = None, tail: bool = False):
+        """(user rows, item columns, times) of the vocabulary's pairs (the tail's, columns
+        from 0, with `tail`) with ts < `before` and ts >= `since`."""
+        n = len(self.items)
+        keep = (self.cols >= n) if tail else (self.cols >= 0) & (self.cols < n)
+        if before is not None:
+            keep &= self.times < before
+        if since is not None:
+            keep &= self.times >= since
+        return self.rows[keep], self.cols[keep] - (n if tail else 0), self.times[keep]
 
     @property
     def shape(self) -> tuple[int, int]:
         return len(self.users), len(self.items)
 
+    @property
+    def pairs(self) -> int:
+        return len(self.times)
+
+    @property
+    def last_time(self) -> int:
+        return int(self.times[-1]) if len(self.times) else 0
+
     def quantile_time(self, share: float) -> int:
-        return self.pairs[min(len(self.pairs) - 1, int(len(self.pairs) * share))][2]
+        return int(self.times[min(len(self.times) - 1, int(len(self.times) * share))])
 
 
 @dataclass
@@ -515,15 +543,32 @@ class Holdout:
     nxt: NextPeriod | None = None    # the next-period part added to EASE^R's weights, its
                                      # periods ending at `at` (None: none; `choose_next`)
     _ease: tuple[tuple, np.ndarray] | None = field(default=None, repr=False)  # last solve
+    prefix: set = field(default_factory=set)    # (user, item, ts) pairs of the window that are
+                                                # history (sessions' first halves)
 
     @classmethod
-    def at_time(cls, data: Interactions, at: int, until: int | None = None) -> "Holdout":
-        """The split at `at`, judged on the pairs from `at` to `until` (None: the end)."""
-        history = data.arrays(before=at)
+    def at_time(cls, data: Interactions, at: int, until: int | None = None,
+                sessions: bool = False) -> "Holdout":
+        """The split at `at`, judged on the pairs from `at` to `until` (None: the end); with
+        `sessions`, a user first seen there with at least two pairs is judged on the later
+        half of them given the earlier (`session_prefix`)."""
+        r, c, t = data.arrays()
+        early = t < at
+        inside = ~early if until is None else ~early & (t < until)
+        prefix = session_prefix(r, t, early, inside) if sessions else np.zeros(len(t), bool)
+        keep = early | prefix
+        history = (r[keep], c[keep], t[keep])
         before = recency_weighted(*history, data.shape, 0.0)
-        new, judged = first_engagements(before, data.matrix(before=until, since=at))
-        return cls(at, before, judged, [new.indices[new.indptr[u]:new.indptr[u + 1]] for u in judged],
-                   history)
+        later = inside & ~prefix
+        new, judged = first_engagements(before, binary(r[later], c[later], data.shape))
+        # only users with a history: a user without one has an empty block, which no weight
+        # or setting can change, and the evaluation never ranks such a user either
+        judged = judged[np.diff(before.indptr)[judged] > 0]
+        h = cls(at, before, judged, [new.indices[new.indptr[u]:new.indptr[u + 1]] for u in judged],
+                history)
+        h.prefix = {(data.users[u], data.items[i], int(ts))
+                    for u, i, ts in zip(r[prefix], c[prefix], t[prefix])}
+        return h
 
     def queries(self, days: float | Sequence[float]) -> sp.csr_matrix:
         """The judged users' item weights before `at`, recency-weighted with tau `days` (or
@@ -535,6 +580,12 @@ class Holdout:
     @property
     def usable(self) -> bool:
         return len(self.judged) > 0 and self.before.nnz > 0
+
+    def popularity(self) -> np.ndarray:
+        """Each judged user's Recall@20 of popularity: items by how many users engaged them
+        before `at` (the floor an encoder must clear to be served)."""
+        counts = np.asarray(self.before.sum(0), np.float64).ravel()
+        return self.per_user(np.broadcast_to(counts, (len(self.judged), len(counts))))
 
     def recall(self, scores: np.ndarray) -> float:
         """Recall@20 of (judged, items) `scores`, items the user had engaged masked."""
@@ -603,17 +654,6 @@ class Holdout:
         self._ease = ((lam, taus_of(fit_days), self.nxt), blend(b, n, spreads, best))
         return best, tried
 
-    def choose_weight(self, encoder_scores: np.ndarray, lam: float, rank: int,
-                      grid: Sequence[float], unit_users: bool = True,
-                      rule: str = "best", recency_days: float | Sequence[float] = 0.0,
-                      fit_days: float | Sequence[float] = 0.0,
-                      factorization: str = "reduced_rank") -> tuple[float, dict[float, float]]:
-        """The block's weight against `encoder_scores` ((judged, items), from a model that had
-        seen nothing from `at` on) by the holdout Recall@20 of their sum (`weight_curve`,
-        `pick_weight`)."""
-        return pick_weight(self.weight_curve(encoder_scores, lam, rank, grid, unit_users,
-                                             recency_days, fit_days, factorization), rule)
-
     def weight_curve(self, encoder_scores: np.ndarray, lam: float, rank: int,
                      grid: Sequence[float], unit_users: bool = True,
                      recency_days: float | Sequence[float] = 0.0,
@@ -630,6 +670,22 @@ class Holdout:
         return {w: self.per_user(encoder_scores + w * unit * block) for w in grid}
 
 
+def session_prefix(rows: np.ndarray, t: np.ndarray, early: np.ndarray, inside: np.ndarray) -> np.ndarray:
+    """Mask of the pairs `inside` a window that are the first half (in time) of a user's pairs
+    there, for users with none `early` (before it) and at least two inside: the history a
+    session is judged from."""
+    cand = np.flatnonzero(inside & ~np.isin(rows, rows[early]))
+    out = np.zeros(len(t), bool)
+    if not len(cand):
+        return out
+    order = cand[np.lexsort((t[cand], rows[cand]))]
+    users, first, counts = np.unique(rows[order], return_index=True, return_counts=True)
+    rank = np.arange(len(order)) - np.repeat(first, counts)
+    half = np.repeat(counts // 2, counts)
+    out[order[rank < half]] = True
+    return out
+
+
 def clear_lead(better: np.ndarray, base: np.ndarray) -> bool:
     """Whether the same users' figures `better` lead `base` by more than one standard error
     of their paired difference."""
@@ -639,19 +695,43 @@ def clear_lead(better: np.ndarray, base: np.ndarray) -> bool:
     return float(d.mean()) > float(np.std(d, ddof=1)) / np.sqrt(len(d))
 
 
-def pick_weight(per_user: Mapping[float, np.ndarray], rule: str = "best") -> tuple[float, dict[float, float]]:
-    """The weight whose users' Recall@20 (`per_user`: weight -> the same users' figures, one
-    holdout window's or several windows' together) has the best mean (`rule` "best"), or the
-    lightest whose mean is within one standard error of the best's ("one_se": the standard
-    error of the per-user difference to the best): -> (weight, mean Recall@20 per weight)."""
-    tried = {w: float(r.mean()) for w, r in per_user.items()}
-    best = max(tried, key=tried.get)
-    if rule == "one_se":
-        n = len(per_user[best])
-        se = {w: float(np.std(r - per_user[best], ddof=1)) / np.sqrt(n) if n > 1 else 0.0
-              for w, r in per_user.items()}
-        best = min(w for w in per_user if tried[w] >= tried[best] - se[w])
-    return best, tried
+BLOCK_ALONE = 1000.0     # the block's weight when it is served alone: the encoder's part
+                         # only breaks ties (and ranks users and items the block does not know)
+ENCODER_ALONE = 0.0
+
+
+def weights_tried(grid: Sequence[float]) -> tuple[float, ...]:
+    """The weights a holdout scores: each part alone beside the grid's mixes."""
+    return tuple(sorted({ENCODER_ALONE, *grid, BLOCK_ALONE}))
+
+
+def choose_parts(per_user: Mapping[float, np.ndarray], popularity: np.ndarray | None = None,
+                 ) -> tuple[float, dict[float, float], str]:
+    """The served weight from the same users' Recall@20 per weight (`weights_tried`: each
+    part alone and the mixes): never an encoder that ranks below `popularity` (the block
+    alone then), else the part that ranks better alone (ties: the block) unless the best
+    mix (`pick_weight`) leads it by more than a standard error (`clear_lead`): a
+    served vector no worse than its better part where the holdout cannot tell them apart.
+    -> (weight, mean Recall@20 per weight, the reason in words)."""
+    tried = {w: float(np.mean(r)) for w, r in per_user.items()}
+    enc, blk = per_user[ENCODER_ALONE], per_user[BLOCK_ALONE]
+    if popularity is not None and len(popularity) and float(np.mean(enc)) < float(np.mean(popularity)):
+        return BLOCK_ALONE, tried, (f"encoder alone {np.mean(enc):.4f} below popularity "
+                                    f"{np.mean(popularity):.4f}: the block alone")
+    alone = BLOCK_ALONE if float(np.mean(blk)) >= float(np.mean(enc)) else ENCODER_ALONE
+    best = pick_weight(per_user)
+    if tried[best] <= tried[alone]:
+        return alone, tried, "a part alone ranks best"
+    if not clear_lead(per_user[best], per_user[alone]):
+        name = "block" if alone == BLOCK_ALONE else "encoder"
+        return alone, tried, f"no mix clearly ahead of the {name} alone"
+    return best, tried, f"the mix at {best:g} clearly ahead of either part alone"
+
+
+def pick_weight(per_user: Mapping[float, np.ndarray]) -> float:
+    """The weight whose users' Recall@20 (`per_user`: weight -> the same users' figures) has
+    the best mean; ties go to the first."""
+    return max(per_user, key=lambda w: float(np.mean(per_user[w])))
 
 
 def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
@@ -673,11 +753,59 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
     b = block_weights(*arrays, data.shape, lam, fit_days, nxt)
     q, k = factors(b, recency_weighted(*arrays, data.shape, 0.0), rank, factorization)
     extra = {"user_norm": 1.0} if unit_users else {}
-    return CollaborativeBlock(tuple(data.items), q, k, tuple(sorted(actions)), tuple(query_types),
+    items = tuple(data.items)
+    if data.tail:
+        users = recency_weighted(*arrays, data.shape, recency_days)
+        tr, tc, tt = data.arrays(tail=True)
+        q_tail, k_tail = fold_in(users, q, k, binary(tr, tc, (len(data.users), len(data.tail))),
+                                 unit_users)
+        q, k = np.concatenate([q, q_tail]), np.concatenate([k, k_tail])
+        items += tuple(data.tail)
+        extra["tail_items"] = len(data.tail)
+    return CollaborativeBlock(items, q, k, tuple(sorted(actions)), tuple(query_types),
                               dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
                                    users=len(data.users), recency_days=taus_json(recency_days),
                                    fit_days=taus_json(fit_days), factorization=factorization,
                                    **next_settings(nxt), **extra))
+
+
+FOLD_L2 = 1e-2       # the fold-in's ridge, relative to the mean eigenvalue of the users' Gram
+
+
+def fold_in(users: sp.csr_matrix, query: np.ndarray, key: np.ndarray, tail: sp.csr_matrix,
+            unit_users: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(query, key) rows for items outside the dense vocabulary: each tail item's key is the
+    ridge regression of its users x 1 engagement column on the users' served blocks P
+    (`users`: their vocabulary items' weights, summed through `query`, of unit length with
+    `unit_users`), K = (P^T P + l I)^-1 P^T Y, with Y divided by each user's block length as
+    the vocabulary's scores are when users are set to unit length; so a user's score of a
+    tail item predicts, from its block, whether it engages that item, on the vocabulary's
+    scale. Its query row (what engaging it adds to a user's block) is its key mapped by the
+    per-column least-squares ratio of the vocabulary's query to key rows. Linear in the
+    engagements: a million tail items cost one sparse product and a rank x rank solve."""
+    raw = np.asarray(users @ query, np.float64)
+    length = np.linalg.norm(raw, axis=1)
+    p = raw.copy()
+    y = sp.csr_matrix(tail, dtype=np.float64)
+    if unit_users:
+        np.divide(raw, length[:, None], out=p, where=length[:, None] > 0)
+        inv = np.divide(1.0, length, out=np.zeros_like(length), where=length > 0)
+        y = sp.diags(inv) @ y
+    gram = p.T @ p
+    gram[np.diag_indices_from(gram)] += FOLD_L2 * max(np.trace(gram) / len(gram), 1e-12)
+    k_tail = scipy.linalg.solve(gram, np.asarray((y.T @ p).T), assume_a="pos").T
+    k64 = key.astype(np.float64)
+    # the same regression of the vocabulary's own columns, against the keys EASE^R gave them:
+    # one scale that puts the folded-in keys on the vocabulary's scale
+    yh = sp.csr_matrix(users > 0, dtype=np.float64)
+    if unit_users:
+        yh = sp.diags(inv) @ yh
+    k_head = scipy.linalg.solve(gram, np.asarray((yh.T @ p).T), assume_a="pos").T
+    alpha = float((k_head * k64).sum() / max((k_head * k_head).sum(), 1e-300))
+    k_tail *= max(alpha, 0.0)
+    ratio = np.divide((query.astype(np.float64) * k64).sum(0), (k64 * k64).sum(0),
+                      out=np.zeros(key.shape[1]), where=(k64 * k64).sum(0) > 0)
+    return (k_tail * ratio).astype(np.float32), k_tail.astype(np.float32)
 
 
 def next_settings(nxt: NextPeriod | None) -> dict:

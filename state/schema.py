@@ -79,6 +79,10 @@ class SchemaConfig:
     item_types: tuple[str, ...] = ("ad", "product")     # what a user engages and retrieval
                                                     # returns for a user; evaluation ranks them
     user_type: str = "user"                         # whose next engagements are predicted
+    session_users: bool = False                     # the user type lives minutes (anonymous
+                                                    # sessions): one first seen in a window is
+                                                    # judged on its later engagements there,
+                                                    # given its earlier ones
     actions: dict[str, ActionSpec] = field(default_factory=_default_actions)   # replaces the defaults
     extra_actions: dict[str, ActionSpec] = field(default_factory=dict)   # added to `actions`
     max_payload_bytes: int = 64 * 1024              # a record larger than this is refused

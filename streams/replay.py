@@ -3,7 +3,8 @@
 Formats: ``jsonl`` (one event per line in the wire schema; lines with ``node`` are entity
 events), ``csv`` (header with src,dst,action,ts[,w,id]), ``taobao`` (UserBehavior CSV) and
 ``online-retail`` (the UCI Online Retail invoice lines; rows that are no customer's purchase
-of a product are skipped and counted by reason, see `streams.adapters.online_retail`).
+of a product are skipped and counted by reason, see `streams.adapters.online_retail`),
+``ciaodvd`` (CiaoDVD ratings) and ``yoochoose`` (click sessions as session-rec prepares them).
 Lines are validated before producing, so a bad file fails fast with its line number instead
 of filling the dead-letter topic; ``--rate`` paces the stream in events per second.
 """
@@ -23,12 +24,16 @@ from tqdm import tqdm
 from hirflow.state.events import (Engagement, Entity, EventError, Validator, as_dict, encode_engagement,
                                   encode_entity)
 from hirflow.streams import clients
-from hirflow.streams.adapters import online_retail, taobao
+from hirflow.streams.adapters import ciaodvd, online_retail, taobao, yoochoose
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
-FORMATS = ("jsonl", "csv", "taobao", "online-retail")
+FORMATS = ("jsonl", "csv", "taobao", "online-retail", "ciaodvd", "yoochoose")
+# the adapters whose rows map one to one onto engagements: format -> (read, its format error)
+ADAPTERS = {"taobao": (taobao.read, taobao.TaobaoFormatError),
+            "ciaodvd": (ciaodvd.read, ciaodvd.CiaoFormatError),
+            "yoochoose": (yoochoose.read, yoochoose.YoochooseFormatError)}
 PACE_SLICE_S = 0.005                # with a rate: paced in slices of this much stream time
 
 
@@ -54,6 +59,10 @@ def detect_format(path: Path) -> str:
         return "online-retail"
     if len(first.split(",")) == 5 and first.split(",")[3].strip() in taobao.BEHAVIORS:
         return "taobao"
+    if ciaodvd.looks_like(first):
+        return "ciaodvd"
+    if yoochoose.looks_like(first):
+        return "yoochoose"
     raise ReplayError(f"cannot tell the format of {path}; pass --format ({', '.join(FORMATS)})")
 
 
@@ -70,10 +79,11 @@ def read_events(path: Path, fmt: str, validator: Validator,
             except (online_retail.OnlineRetailFormatError, EventError) as exc:
                 raise ReplayError(f"{path}: {exc}") from None
             return
-        if fmt == "taobao":
+        if fmt in ADAPTERS:
+            read, error = ADAPTERS[fmt]
             try:
-                yield from taobao.read(f)
-            except taobao.TaobaoFormatError as exc:
+                yield from read(f)
+            except error as exc:
                 raise ReplayError(f"{path}: {exc}") from None
             return
         rows: Iterable[dict]

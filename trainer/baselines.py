@@ -17,11 +17,16 @@ all candidate items:
 - ``lightgcn_propagation``: LightGCN's propagation without training, as the linear filter it
   reduces to (Shen et al. 2021, GF-CF): scores = r_u R~^T R~ with R~ = D_u^-1/2 R D_i^-1/2,
   repeated for `layers` and mixed with an ideal low-pass part when `alpha` > 0.
+
+The item-item methods (item-kNN, both EASE^R, the propagation) hold dense I x I matrices, as
+their reference forms do: on a catalogue larger than `MAX_DENSE_ITEMS` they are fitted on
+that many most-engaged items, as a practitioner would run them, and rank the other
+candidates after those, by popularity (`on_head`).
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -32,6 +37,26 @@ from hirflow.trainer.ranking import RankingTask, per_user_metrics
 
 log = logging.getLogger(__name__)
 Scorer = Callable[[RankingTask, Mapping], np.ndarray]    # (task, params) -> (n_eval, I) scores
+MAX_DENSE_ITEMS = 10_000     # the largest item-item matrix a dense baseline fits (0.8 GB)
+
+
+def on_head(score: Scorer) -> Scorer:
+    """`score` fitted on the `MAX_DENSE_ITEMS` most-engaged items when the task has more;
+    the other candidates rank after them, by popularity."""
+    def scored(task: RankingTask, params: Mapping) -> np.ndarray:
+        if len(task.items) <= MAX_DENSE_ITEMS:
+            return score(task, params)
+        pop = np.asarray(task.history.sum(0), np.float64).ravel()
+        head = np.sort(np.argsort(-pop, kind="stable")[:MAX_DENSE_ITEMS])
+        sub = replace(task, items=[task.items[i] for i in head], history=task.history[:, head].tocsr(),
+                      last_ts=task.last_ts[:, head].tocsr())
+        s = np.asarray(score(sub, params), np.float64)
+        out = np.empty((task.n_eval, len(task.items)))
+        out[:] = (s.min() if s.size else 0.0) - 1.0 + pop / (pop.max() + 1.0)
+        out[:, head] = s
+        return out
+    scored.__name__ = score.__name__
+    return scored
 
 
 def popularity(task: RankingTask, params: Mapping) -> np.ndarray:
@@ -39,6 +64,7 @@ def popularity(task: RankingTask, params: Mapping) -> np.ndarray:
     return np.broadcast_to(pop, (task.n_eval, len(pop)))
 
 
+@on_head
 def item_knn(task: RankingTask, params: Mapping) -> np.ndarray:
     r = task.history
     norms = np.sqrt(np.asarray(r.multiply(r).sum(0)).ravel()) + 1e-9
@@ -51,11 +77,13 @@ def item_knn(task: RankingTask, params: Mapping) -> np.ndarray:
     return np.asarray(r[task.eval_users] @ sim)
 
 
+@on_head
 def ease(task: RankingTask, params: Mapping) -> np.ndarray:
     r = task.history
     return np.asarray(r[task.eval_users] @ ease_weights(r, params["lam"]))
 
 
+@on_head
 def ease_recent(task: RankingTask, params: Mapping) -> np.ndarray:
     """EASE^R fitted on pairs weighted by how recent they are, exp(t / `days`) with t the
     pair's last engagement before the window (so <= 0), scaled so that the squared weights
@@ -77,6 +105,7 @@ def als(task: RankingTask, params: Mapping) -> np.ndarray:
     return model.user_factors[task.eval_users] @ model.item_factors.T
 
 
+@on_head
 def lightgcn_propagation(task: RankingTask, params: Mapping) -> np.ndarray:
     r = task.history
     du = np.asarray(r.sum(1)).ravel() + 1e-9

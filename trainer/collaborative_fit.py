@@ -55,14 +55,40 @@ class CollaborativeFit:
         self.data = C.Interactions.of(pairs, (schema.user_type,), schema.item_node_types, cfg.max_items)
         self.enabled = cfg.rank > 0 and len(self.data.items) >= 2
         # the holdout windows' nominal starts, oldest first; a fixed weight needs the last only
-        windows = cfg.weight_windows if cfg.weight is None else 1
-        self.starts = [self.data.quantile_time(1 - cfg.holdout * j) for j in range(windows, 0, -1)] \
-            if self.enabled else []
+        self.starts = self._window_starts() if self.enabled else []
         # the next-period regression's periods are as long as the last holdout window
-        span = max(t for _, _, t in self.data.pairs) + 1 - self.starts[-1] if self.starts else 0
+        span = self.data.last_time + 1 - self.starts[-1] if self.starts else 0
         self.next_base = NextPeriod(cfg.next_periods, int(span), cfg.next_l2, 0.0)
         self.windows: list[dict] = []        # each window reached: its weight curve (JSON)
         self.choice: dict | None = None      # what the holdout chose (JSON: kept in snapshots)
+
+    def _window_starts(self) -> list[int]:
+        """`weight_windows` windows of a `holdout` share each, the last ending the training
+        window; earlier ones added while the windows together judge fewer than
+        `min_holdout_users` users with a history (a quiet data set's last tenth may hold a
+        few dozen), as long as they cover at most `max_holdout_share` of the window. A
+        configured weight needs the last window only."""
+        cfg = self.cfg
+        if cfg.weight is not None:
+            return [self.data.quantile_time(1 - cfg.holdout)]
+        starts: list[int] = []
+        judged = 0
+        j = 1
+        while True:
+            start = self.data.quantile_time(1 - cfg.holdout * j)
+            judged += len(self._holdout(start, starts[0] if starts else None).judged)
+            starts.insert(0, start)
+            if j >= cfg.weight_windows and (judged >= cfg.min_holdout_users
+                                            or cfg.holdout * (j + 1) > cfg.max_holdout_share):
+                break
+            j += 1
+        if len(starts) > cfg.weight_windows:
+            log.info("collaborative block: %d holdout windows (%d users with a history)",
+                     len(starts), judged)
+        return sorted(set(starts))
+
+    def _holdout(self, at: int, until: int | None = None) -> C.Holdout:
+        return C.Holdout.at_time(self.data, at, until, self.schema.session_users)
 
     @property
     def start(self) -> int | None:
@@ -95,7 +121,7 @@ class CollaborativeFit:
         # a chunk may pass several nominal starts: it opens the window of the last one passed
         covers = max(j for j, s in enumerate(self.starts) if s <= at) + 1
         until = self.starts[covers] if covers < len(self.starts) else None
-        h = C.Holdout.at_time(self.data, at, until)
+        h = self._holdout(at, until)
         window = {"at": at, "covers": covers, "usable": h.usable}
         if h.usable:
             window.update(self._score(h, student, cutoff, texts, dev))
@@ -118,14 +144,19 @@ class CollaborativeFit:
         per_user = {}
         if self.cfg.weight is None:
             users = [self.data.users[i] for i in h.judged]
-            with state_of([e for e in self.events if e.ts <= cutoff], self.schema) as sampler:
-                eu = embed(student, sampler, users, cutoff, student.cfg, texts, dev)
-                ei = embed(student, sampler, list(self.data.items), cutoff, student.cfg, texts, dev)
+            # sessions' first halves are history: their edges are in the state they are embedded from
+            early = [e for e in self.events if e.ts > cutoff and ((e.src, e.dst, e.ts) in h.prefix
+                                                                  or (e.dst, e.src, e.ts) in h.prefix)]
+            at_ts = max([cutoff] + [e.ts for e in early])
+            with state_of([e for e in self.events if e.ts <= cutoff] + early, self.schema) as sampler:
+                eu = embed(student, sampler, users, at_ts, student.cfg, texts, dev)
+                ei = embed(student, sampler, list(self.data.items), at_ts, student.cfg, texts, dev)
             rank = min(self.cfg.rank, len(self.data.items) - 1)
-            curve = h.weight_curve(eu @ ei.T, lam, rank, self.cfg.weight_grid, self.cfg.unit_users,
-                                   days, fit_days, self.cfg.factorization)
+            curve = h.weight_curve(eu @ ei.T, lam, rank, C.weights_tried(self.cfg.weight_grid),
+                                   self.cfg.unit_users, days, fit_days, self.cfg.factorization)
             # unrounded (JSON keeps a float exactly): a resumed run chooses as an unbroken one
             per_user = {str(w): [float(x) for x in r] for w, r in curve.items()}
+            per_user["popularity"] = [float(x) for x in h.popularity()]
         return {"users": int(len(h.judged)), "l2": lam, "fit_days": C.taus_json(fit_days),
                 "recency_days": C.taus_json(days), "next_weight": next_weight,
                 # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
@@ -140,42 +171,54 @@ class CollaborativeFit:
         the weight with the best Recall@20 over every usable window's users together."""
         if not last["usable"]:
             return {"at": last["at"], "usable": False}
-        weight, tried = self.cfg.weight, {}
+        weight, tried, why = self.cfg.weight, {}, "configured"
         usable = [w for w in self.windows if w["usable"]]
         if weight is None:
-            pooled = {float(k): np.concatenate([np.asarray(w["per_user_recall@20"][k]) for w in usable])
+            pooled = {k: np.concatenate([np.asarray(w["per_user_recall@20"][k]) for w in usable])
                       for k in last["per_user_recall@20"]}
-            weight, tried = C.pick_weight(pooled, self.cfg.weight_rule)
+            popularity = pooled.pop("popularity", None)
+            weight, tried, why = C.choose_parts({float(k): v for k, v in pooled.items()}, popularity)
+            if popularity is not None:
+                tried["popularity"] = float(np.mean(popularity))
         choice = {k: last.get(k) for k in ("at", "usable", "l2", "fit_days", "recency_days",
                                            "l2_recall@20", "recency_recall@20", "next_weight",
                                            "next_recall@20")}
-        choice.update({"weight": weight, "holdout_users": last["users"],
+        choice.update({"weight": weight, "why": why, "holdout_users": last["users"],
+                       "judged_users": sum(w["users"] for w in usable),
                        "weight_recall@20": {str(k): round(v, 5) for k, v in tried.items()},
                        # each window's own curve: its mean Recall@20 per weight
                        "windows": [{"at": w["at"], "users": w["users"], "l2": w["l2"],
                                     "weight_recall@20": {k: round(float(np.mean(r)), 5)
-                                                         for k, r in w["per_user_recall@20"].items()}}
+                                                         for k, r in w["per_user_recall@20"].items()
+                                                         if len(r)}}
                                    for w in usable]})
         log.info("collaborative block: %d holdout window(s), %d users, chose lambda %g, fit tau %s "
-                 "days, recency tau %s days, next-period weight %g, weight %g", len(usable),
+                 "days, recency tau %s days, next-period weight %g, weight %g (%s)", len(usable),
                  sum(w["users"] for w in usable), choice["l2"], C.taus_label(choice["fit_days"]),
-                 C.taus_label(choice["recency_days"]), choice["next_weight"] or 0.0, weight)
+                 C.taus_label(choice["recency_days"]), choice["next_weight"] or 0.0, weight, why)
         return choice
 
-    def block(self, embs: np.ndarray, nodes: list[str], sampler: ViewSampler) -> C.CollaborativeBlock | None:
+    def block(self, embs: np.ndarray, nodes: list[str], sampler: ViewSampler,
+              encoder_ok: bool = True) -> C.CollaborativeBlock | None:
         """The block fitted on the whole window, scaled against the final encoder embeddings
-        `embs` of `nodes` (users' blocks from the records `sampler` reads)."""
+        `embs` of `nodes` (users' blocks from the records `sampler` reads); served alone
+        (`BLOCK_ALONE`) when the encoder is not `encoder_ok` (collapsed)."""
         if not self.enabled:
             return None
         choice = self.choice if self.choice and self.choice.get("usable") else None
+        if choice is not None and not encoder_ok:
+            choice = dict(choice, weight=C.BLOCK_ALONE, why="the encoder collapsed: the block alone")
         if choice is None:
-            h = C.Holdout.at_time(self.data, self.start)
+            h = self._holdout(self.start)
             fit_days = self.cfg.fits()[0]       # the first candidate: no holdout to choose one
             lam = h.choose_fit(self.cfg.l2_grid, (fit_days,))[0] if h.usable \
                 else sorted(self.cfg.l2_grid)[len(self.cfg.l2_grid) // 2]
             weight = self.cfg.weight if self.cfg.weight is not None else DEFAULT_WEIGHT
+            if not encoder_ok:
+                weight = C.BLOCK_ALONE
             log.warning("collaborative block: no holdout chunk to choose its weight on; weight %g", weight)
-            choice = {"l2": lam, "weight": weight, "usable": False, "fit_days": C.taus_json(fit_days),
+            choice = {"l2": lam, "weight": weight, "usable": False, "why": "no usable holdout",
+                      "fit_days": C.taus_json(fit_days),
                       "recency_days": C.taus_json(self.cfg.recencies()[0]),
                       "next_weight": self.cfg.next_weights()[0]}
         codes = self.schema.action_codes()

@@ -45,7 +45,8 @@ from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig, node_type
 from hirflow.trainer import baselines as B
 from hirflow.trainer.data import Windows
-from hirflow.trainer.ranking import RankingTask, paired_ratio_ci, per_user_metrics, ranking_task, summarise
+from hirflow.trainer.ranking import (RankingTask, paired_ratio_ci, per_user_metrics, ranking_task,
+                                    session_prefixes, summarise)
 from hirflow.trainer.embedding import served_embeddings, state_of
 
 log = logging.getLogger(__name__)
@@ -99,16 +100,20 @@ def state_embeddings(model: HierarchicalEncoder, before: Sequence[Engagement], s
 
 def compare(hirflow: np.ndarray | None, test: RankingTask, val: RankingTask,
             baselines: Sequence[B.Baseline], ks: Sequence[int] = KS,
-            per_user_out: dict | None = None) -> dict:
+            per_user_out: dict | None = None, parts: Mapping[str, np.ndarray] | None = None) -> dict:
     """hirflow's scores (n_eval, I) on `test` against each baseline tuned on `val`: per method
     every metric with its interval, the validation search, and the paired ratio of hirflow
-    to the best baseline at Recall@20. `per_user_out` (when given) receives each method's
-    per-user Recall@20 and the users' names, in the same order (`PER_USER`)."""
+    (and of each of its `parts`: name -> scores, diagnostics that are no baseline) to the
+    best baseline at Recall@20. `per_user_out` (when given) receives each method's per-user
+    Recall@20 and the users' names, in the same order (`PER_USER`)."""
     res: dict = {"users": test.n_eval, "items": len(test.items), "new_positives": test.new,
                  "repeat_positives": test.repeats, "methods": {}, "tuning": {}}
     per_user: dict[str, dict[str, np.ndarray]] = {}
     if hirflow is not None:
         per_user["hirflow"] = per_user_metrics(hirflow, test, ks)
+    ours = {"hirflow", *(parts or {})}
+    for name, scores in (parts or {}).items():
+        per_user[name] = per_user_metrics(scores, test, ks)
     for b in baselines:
         t = time.perf_counter()
         params, val_score, tried = B.tune(b, val)
@@ -121,13 +126,13 @@ def compare(hirflow: np.ndarray | None, test: RankingTask, val: RankingTask,
         per_user_out["users"] = [test.users[i] for i in test.eval_users]
         per_user_out["recall@20"] = {n: [round(float(x), 6) for x in m["recall@20"]]
                                      for n, m in per_user.items()}
-    base = [n for n in per_user if n != "hirflow"]
+    base = [n for n in per_user if n not in ours]
     if base:
         best = max(base, key=lambda n: per_user[n]["recall@20"].mean())
         res["best_baseline"] = best
-        if "hirflow" in per_user:
-            r, lo, hi = paired_ratio_ci(per_user["hirflow"]["recall@20"], per_user[best]["recall@20"])
-            res["hirflow_vs_best_recall@20"] = {"ratio": round(r, 3), "ci_low": round(lo, 3),
+        for name in sorted(ours & set(per_user)):
+            r, lo, hi = paired_ratio_ci(per_user[name]["recall@20"], per_user[best]["recall@20"])
+            res[f"{name}_vs_best_recall@20"] = {"ratio": round(r, 3), "ci_low": round(lo, 3),
                                                 "ci_high": round(hi, 3)}
     return res
 
@@ -158,26 +163,44 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     cold = sorted({e.dst for e in test if e.dst not in known and node_type(e.dst) in kinds
                    and e.dst in (later_texts or {})})
     t = time.perf_counter()
-    index, emb, cold_emb = state_embeddings(model, before, schema, windows.val_end - 1, texts, cold,
-                                            later_texts, block)
+    acts = positive_actions(schema)
+    # sessions first seen in a window are judged from their first half there: the state and
+    # the tasks hold it (`ranking.session_prefixes`)
+    prefix = {"val": [], "test": []}
+    if schema.session_users:
+        prefix = {"val": session_prefixes(before, windows.train_end, windows.val_end, acts, schema.user_type),
+                  "test": session_prefixes(events, windows.val_end, windows.end + 1, acts, schema.user_type)}
+    cutoff = (max(e.ts for e in prefix["test"]) if prefix["test"] else windows.val_end - 1)
+    index, emb, cold_emb = state_embeddings(model, before + prefix["test"], schema, cutoff, texts,
+                                            cold, later_texts, block)
     metrics: dict = {"checkpoint": ck.id, "test_events": len(test), "windows": windows.__dict__,
                      "embed_seconds": round(time.perf_counter() - t, 1),
-                     "collaborative": ck.manifest.get("collaborative")}   # its lambda, weight
+                     "collaborative": ck.manifest.get("collaborative"),   # its lambda, weight
+                     "collapse": {k: v for k, v in (ck.manifest.get("collapse") or {}).items()
+                                  if k != "per_chunk"}}
     per_user: dict = {}            # task -> its users and each method's Recall@20 (PER_USER)
     for name, acts in (("next_engagement", positive_actions(schema)),
                        ("deep_funnel", deep_funnel_actions(schema))):
         if not acts:
             continue
-        val_task = ranking_task(before, windows.train_end, windows.val_end, acts, kinds, schema.user_type)
-        test_task = ranking_task(events, windows.val_end, windows.end + 1, acts, kinds, schema.user_type)
+        val_task = ranking_task(before, windows.train_end, windows.val_end, acts, kinds, schema.user_type,
+                                [e for e in prefix["val"] if e.action in acts])
+        test_task = ranking_task(events, windows.val_end, windows.end + 1, acts, kinds, schema.user_type,
+                                 [e for e in prefix["test"] if e.action in acts])
         if test_task.n_eval == 0:
             metrics[name] = {"users": 0}
             continue
         u = emb[[index[test_task.users[i]] for i in test_task.eval_users]]
-        scores = u @ emb[[index[x] for x in test_task.items]].T          # the served inner product
+        v = emb[[index[x] for x in test_task.items]]
+        scores = u @ v.T                                                  # the served inner product
+        d = model.cfg.d_emb
+        # each part of the served vector alone: what it adds (diagnostics, not baselines)
+        parts = {"hirflow_encoder": u[:, :d] @ v[:, :d].T}
+        if block is not None:
+            parts["hirflow_block"] = u[:, d:] @ v[:, d:].T
         per_user[name] = {}
         metrics[name] = compare(scores, test_task, val_task, baselines if val_task.n_eval else (), ks,
-                                per_user[name])
+                                per_user[name], parts)
     with torch.no_grad():
         nodes = sorted(index, key=index.get)
         # the hierarchy lives in the encoder's coordinates, the first d_emb

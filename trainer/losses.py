@@ -1,6 +1,6 @@
-"""Training objectives: the in-batch sampled softmax of retrieval, cross-view
-self-distillation with Sinkhorn-Knopp balanced targets, hierarchy consistency, and
-DistMult engagement prediction.
+"""Training objectives: the sampled softmax of retrieval (in-batch and sampled negatives),
+cross-view self-distillation with Sinkhorn-Knopp balanced targets, hierarchy consistency,
+DistMult engagement prediction, and the uniformity of item directions.
 
 Shapes: V anchors per batch, K_l prototypes at level l. Logits are cosine similarities over
 temperature (see `encoder.model`). Teacher targets never carry gradients.
@@ -76,6 +76,19 @@ def engagement_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.T
     return (per * weights).sum() / weights.sum().clamp_min(1e-8)
 
 
+def uniformity_loss(directions: torch.Tensor, t: float = 2.0) -> torch.Tensor:
+    """log E exp(-t |x - y|^2) over the pairs of unit `directions` (Wang and Isola 2020; DirectAU
+    for recommenders): lowest when the directions spread over the sphere, highest when they
+    collapse onto one point. Zero for fewer than two rows."""
+    n = len(directions)
+    if n < 2:
+        return directions.new_zeros(())
+    x = F.normalize(directions, dim=-1)
+    sq = (2.0 - 2.0 * x @ x.T).clamp_min(0.0)               # squared distances of unit vectors
+    upper = torch.triu(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=1)
+    return sq[upper].mul(-t).exp().mean().clamp_min(1e-12).log()
+
+
 def usage_entropy(assignments: torch.Tensor, k: int) -> float:
     """Entropy (nats) of how often each of k prototypes is the argmax; log k = perfectly even."""
     counts = torch.bincount(assignments.flatten(), minlength=k).double()
@@ -86,16 +99,22 @@ def usage_entropy(assignments: torch.Tensor, k: int) -> float:
 
 def in_batch_softmax_loss(emb: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
                           weights: torch.Tensor, log_q: torch.Tensor, type_ids: torch.Tensor,
-                          temperature: float = 0.05) -> torch.Tensor:
-    """Sampled softmax over the batch's destinations (two-tower retrieval objective).
+                          temperature: float = 0.05, sampled: torch.Tensor | None = None,
+                          stats: dict | None = None) -> torch.Tensor:
+    """Sampled softmax over the batch's destinations and `sampled` negatives (mixed negative
+    sampling, the two-tower retrieval objective).
 
     `emb` (V, d) anchor embeddings; `src`, `dst` (P,) anchor indices of the positives;
-    `log_q` (V,) log of how likely each anchor is to be in a batch as a destination (the
-    logQ correction: sampled softmax then estimates the full softmax, popularity included,
-    instead of punishing popular items for being sampled as negatives more often);
-    `type_ids` (V,) node types: a positive competes only with destinations of its type.
-    The batch's other positives of the same source are not negatives."""
-    cand = torch.unique(dst)                                        # (C,)
+    `sampled` (S,) anchor indices of items drawn from the whole item pool: without them a
+    batch whose positives all share one source (one user's history in a quiet day) has no
+    negative at all, and nothing stops every item from moving to the same place;
+    `log_q` (V,) log of how many times each anchor is expected among a batch's candidates
+    (the logQ correction: sampled softmax then estimates the full softmax, popularity
+    included, instead of punishing items for being sampled as negatives more often);
+    `type_ids` (V,) node types: a positive competes only with candidates of its type.
+    The batch's other positives of the same source are not negatives. `stats` (when given)
+    receives how many positives had no negative left (`no_negative`, of `positives`)."""
+    cand = torch.unique(dst if sampled is None or not len(sampled) else torch.cat([dst, sampled]))
     logits = emb[src] @ emb[cand].T / temperature - log_q[cand][None, :]   # (P, C)
     col = torch.searchsorted(cand, dst)                             # (P,) own destination
     pos = torch.zeros_like(logits, dtype=torch.bool)
@@ -104,6 +123,11 @@ def in_batch_softmax_loss(emb: torch.Tensor, src: torch.Tensor, dst: torch.Tenso
     own = torch.zeros_like(pos)
     own[torch.arange(len(src)), col] = True
     other_type = type_ids[cand][None, :] != type_ids[dst][:, None]
-    logits = logits.masked_fill((pos & ~own) | other_type, float("-inf"))
+    masked = (pos & ~own) | other_type
+    if stats is not None:
+        negatives = (~masked & ~own).sum(1)
+        stats["positives"] = int(len(src))
+        stats["no_negative"] = int((negatives == 0).sum())
+    logits = logits.masked_fill(masked, float("-inf"))
     per = F.cross_entropy(logits, col, reduction="none")
     return (per * weights).sum() / weights.sum().clamp_min(1e-8)

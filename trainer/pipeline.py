@@ -50,7 +50,10 @@ class Prepared:
     label: torch.Tensor
     anchors: int
     teacher_idx: torch.Tensor       # (T,) anchors that also have a teacher view (distillation)
-    log_q: torch.Tensor             # (V,) log expected count of each anchor as a batch destination
+    log_q: torch.Tensor             # (V,) log expected count of each anchor among a batch's
+                                    # softmax candidates (destinations and sampled items)
+    sampled: torch.Tensor           # (S,) anchors drawn uniformly from the item pool: negatives
+                                    # every step has, whoever its positives belong to
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,16 @@ class BatchPipeline:
                  pack_cfg: PackConfig, a_index: Mapping[str, int], negatives: int, seed: int,
                  texts: Mapping[str, np.ndarray] | None = None, workers: int = 1, prefetch: int = 4,
                  start_chunk: int = 0, cold_share: float = 0.0,
-                 teacher_anchors: int | None = None) -> None:
+                 teacher_anchors: int | None = None, sampled_negatives: int = 0) -> None:
         self.events, self.plan, self.schema = events, plan, schema
         self.views = (teacher_view, student_view)
         self.pack_cfg, self.a_index, self.negatives, self.seed = pack_cfg, a_index, negatives, seed
         self.texts, self.workers, self.prefetch, self.start_chunk = texts, workers, max(1, prefetch), start_chunk
         self.cold_share = cold_share
         self.teacher_anchors = teacher_anchors
+        self.sampled_negatives = sampled_negatives
+        self.item_types = set(schema.item_node_types)
+        self.items: list[str] = []                    # items seen so far (sampled negatives)
         self.store = GraphStore(store_dir, schema, 1)
         self.writer = GraphWriter(self.store, GraphConfig(path=str(store_dir)))
         self.by_type: dict[str, list[str]] = {}       # node type -> nodes seen so far (negatives)
@@ -142,7 +148,10 @@ class BatchPipeline:
         for e in batch:                                  # negatives of the dst's node type
             pool = self.by_type.get(node_type(e.dst)) or [e.dst]
             negs.extend(pool[j] for j in rng.integers(0, len(pool), self.negatives))
-        for n in sorted(set(negs) - set(pos)):
+        # items drawn uniformly from every item seen before this chunk (mixed negatives)
+        drawn = [self.items[j] for j in rng.integers(0, len(self.items), self.sampled_negatives)] \
+            if self.sampled_negatives and self.items else []
+        for n in sorted((set(negs) | set(drawn)) - set(pos)):
             pos[n] = len(anchors)
             anchors.append(n)
         teacher, student = self._pair()
@@ -163,16 +172,20 @@ class BatchPipeline:
                             [pos[e.dst]] + [pos[n] for n in negs[i * self.negatives:(i + 1) * self.negatives]]])
         act = torch.tensor([self.a_index[e.action] for e in batch for _ in range(r)])
         label = torch.tensor([1.0 if j == 0 else 0.0 for _ in batch for j in range(r)])
-        # the chance of an anchor being a destination of a batch of this chunk: its share of
-        # the chunk's events times the batch size (the sampled softmax's logQ correction)
+        # how often an anchor is expected among a batch's candidates: its share of the
+        # chunk's events times the batch size, plus the uniform draws' share of the item pool
+        # (the sampled softmax's logQ correction)
         share = self._dst_share.get(chunk, {})
-        log_q = torch.tensor([np.log(max(share.get(n, 0.0) * len(batch), 1e-6)) for n in anchors],
-                             dtype=torch.float32)
+        uniform = len(drawn) / len(self.items) if drawn else 0.0
+        log_q = torch.tensor([np.log(max(share.get(n, 0.0) * len(batch)
+                                         + (uniform if node_type(n) in self.item_types else 0.0), 1e-6))
+                              for n in anchors], dtype=torch.float32)
         dt = time.perf_counter() - t
         with self._lock:
             self.sample_s += dt
         return Prepared(step, chunk, cutoff, s, te, src, dst, act, label, len(anchors),
-                        torch.from_numpy(t_idx), log_q)
+                        torch.from_numpy(t_idx), log_q,
+                        torch.tensor(sorted({pos[n] for n in drawn}), dtype=torch.long))
 
     def _apply(self, k: int) -> None:
         idx = self.plan[k][0]
@@ -186,6 +199,8 @@ class BatchPipeline:
             if n not in self.seen:
                 self.seen.add(n)
                 self.by_type.setdefault(node_type(n), []).append(n)
+                if node_type(n) in self.item_types:
+                    self.items.append(n)
 
     def _jobs(self) -> Iterator[tuple[int, int, int, np.ndarray] | ChunkDone]:
         """(step, chunk, cutoff, indices) per step in order, a ChunkDone after each chunk's

@@ -38,7 +38,8 @@ def pool(runs: Sequence[Mapping]) -> dict:
     methods = [set(r["recall@20"]) for r in runs]
     if any(MODEL not in m for m in methods):
         raise ValueError(f"pool: every run needs the served model's figures ({MODEL!r})")
-    baselines = sorted(set.intersection(*methods) - {MODEL})
+    # the served model's parts (`hirflow_encoder`, `hirflow_block`) are no baselines
+    baselines = sorted(m for m in set.intersection(*methods) if m != MODEL and not m.startswith(MODEL + "_"))
     if not baselines:
         raise ValueError("pool: the runs share no baseline")
 
@@ -56,7 +57,12 @@ def pool(runs: Sequence[Mapping]) -> dict:
     pooled = mean_over_runs(MODEL)
     ratio, lo, hi = paired_ratio_ci(pooled, base[best])
     ratios = [p["ratio"] for p in per_run]
-    return {"runs": len(runs), "users": len(users), "best_baseline": best,
+    parts = {}
+    for name in sorted(set.intersection(*methods)):
+        if name.startswith(MODEL + "_"):
+            parts[name] = [round(paired_ratio_ci(np.asarray(r["recall@20"][name], np.float64),
+                                                 base[best])[0], 3) for r in runs]
+    return {"runs": len(runs), "users": len(users), "best_baseline": best, "parts_ratio": parts,
             "best_baseline_recall@20": round(float(base[best].mean()), 4),
             "per_run": per_run,
             "recall@20": round(float(pooled.mean()), 4), "ratio": round(ratio, 3),

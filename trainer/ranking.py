@@ -39,13 +39,46 @@ class RankingTask:
         return len(self.eval_users)
 
 
+def session_prefixes(events: Iterable[Engagement], lo: int, hi: int, positive: Collection[str],
+                     user_type: str) -> list[Engagement]:
+    """For users first seen in [lo, hi) with at least two positives there (sessions: a node
+    that lives minutes), the first half of those positives in time order: the history such a
+    user is judged from, on the rest (`ranking_task`'s `prefix`)."""
+    seen_before: set[str] = set()
+    inside: dict[str, list[Engagement]] = {}
+    for e in events:
+        if e.action not in positive or node_type(e.src) != user_type:
+            continue
+        if e.ts < lo:
+            seen_before.add(e.src)
+        elif e.ts < hi and e.src not in seen_before:
+            inside.setdefault(e.src, []).append(e)
+    out = []
+    for evs in inside.values():
+        if len(evs) >= 2:
+            evs = sorted(evs, key=lambda e: (e.ts, e.dst))
+            out.extend(evs[:len(evs) // 2])
+    return sorted(out, key=lambda e: (e.ts, e.src, e.dst))
+
+
+def _key(e: Engagement) -> tuple:
+    return e.src, e.dst, e.action, e.ts
+
+
 def ranking_task(events: Iterable[Engagement], lo: int, hi: int, positive: Collection[str],
-                 item_types: Collection[str], user_type: str = "user") -> RankingTask:
+                 item_types: Collection[str], user_type: str = "user",
+                 prefix: Sequence[Engagement] = ()) -> RankingTask:
     """The task of window [lo, hi): history from the events before `lo` (all of them, as a
-    served model knows everything before the window), truth from [lo, hi)."""
+    served model knows everything before the window) and the `prefix` events inside it
+    (`session_prefixes`), truth from the rest of [lo, hi)."""
     before, during = [], []
     known_items: set[str] = set()
+    early = {_key(e) for e in prefix}
     for e in events:
+        if early and e.ts >= lo and _key(e) in early:
+            if e.dst in known_items:
+                before.append(e)
+            continue
         if e.ts < lo:
             for n in (e.src, e.dst):
                 if node_type(n) in item_types:

@@ -43,6 +43,7 @@ from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.views import STUDENT, TEACHER, ViewConfig
 from hirflow.trainer import losses as L
+from hirflow.trainer.collapse import CollapseWatch, health
 from hirflow.trainer import resume as resume_mod
 from hirflow.trainer.collaborative_fit import CollaborativeFit
 from hirflow.trainer.embedding import block_rows, embed
@@ -51,6 +52,7 @@ from hirflow.trainer.schedules import cosine, teacher_momentum
 
 log = logging.getLogger(__name__)
 HOLDOUT_KEY = "collaborative_holdout"    # the block's holdout windows and choice, in resume snapshots
+CHUNKS_KEY = "collapse_chunks"           # the collapse watch's rows so far, in resume snapshots
 
 
 class NonFiniteLoss(RuntimeError):
@@ -67,6 +69,12 @@ class TrainConfig:
                                      # with logQ correction; "bce": DistMult + typed negatives
     softmax_temperature: float = 0.05
     logq: bool = True                # correct the sampled softmax for how often items are sampled
+    sampled_negatives: int = 64      # "softmax": items drawn per step uniformly from every item
+                                     # seen so far, beside the batch's destinations, so that a
+                                     # step whose positives share one source still has negatives
+    collapse_cosine: float = 0.9     # item directions whose mean pairwise cosine exceeds this
+                                     # are collapsed: logged per chunk, and a checkpoint whose
+                                     # final encoder is collapsed never serves its encoder part
     teacher_anchors: int | None = 32    # anchors per step that get a broad (teacher) view
     lr: float = 2e-3
     # the cosine schedule's last learning rate, as a share of lr: training runs in time order,
@@ -85,6 +93,10 @@ class TrainConfig:
     w_distill: float = 0.1
     w_engage: float = 1.0
     w_hierarchy: float = 0.01
+    # the uniformity of the step's item directions (`losses.uniformity_loss`): keeps items
+    # apart where the positives alone would let them collapse onto popularity (users with a
+    # single engagement, quiet days)
+    w_uniform: float = 0.5
     negatives: int = 2               # "bce" only: per positive, same node type as the true dst
     passes: int = 1                  # shuffled passes over each chunk's events
     min_steps: int = 1000            # a small data set gets more passes, to at least this many
@@ -112,6 +124,8 @@ class TrainConfig:
                 or self.chunk_hours <= 0 or self.passes < 1 or self.min_steps < 0:
             raise ValueError("batch_edges, max_steps_per_chunk, passes and chunk_hours must be positive, "
                              "min_steps >= 0")
+        if self.sampled_negatives < 0 or not 0 < self.collapse_cosine <= 1:
+            raise ValueError("sampled_negatives must be >= 0 and collapse_cosine in (0, 1]")
         if self.objective not in ("softmax", "bce"):
             raise ValueError(f"objective must be 'softmax' or 'bce', got {self.objective!r}")
         if not 0.0 <= self.cold_share < 1.0:
@@ -192,12 +206,16 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
         # parent trained up to a recent cutoff): it keeps the weight its parent chose
         ccfg = dataclasses.replace(ccfg, weight=float(parent_weight))
     collab = CollaborativeFit(events, schema, ccfg)
+    watch = CollapseWatch(cfg.collapse_cosine)
+    item_codes = torch.tensor(sorted({schema.all_node_types.index(t) for t in schema.item_node_types}),
+                              device=dev)
     start_chunk, step, metrics = 0, 0, {}
     if resume:
         got = resume_mod.load(snap_dir, fp, modules, opt)
         if got is not None:
             start_chunk, step, metrics = got
             collab.restore(metrics.pop(HOLDOUT_KEY, None))
+            watch.chunks = list(metrics.pop(CHUNKS_KEY, None) or [])
             log.info("resuming at chunk %d, step %d of %d", start_chunk, step, steps)
     logf = _open_log(cfg.log_path, step) if cfg.log_path else None
     timing = {"wait_s": 0.0, "model_s": 0.0, "anchors": 0, "steps": 0, "passes": passes}
@@ -208,7 +226,8 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
                              cfg.negatives if cfg.objective == "bce" else 0, cfg.seed,
                              texts=texts, workers=cfg.sample_workers, prefetch=cfg.prefetch,
                              start_chunk=start_chunk, cold_share=cfg.cold_share,
-                             teacher_anchors=cfg.teacher_anchors)
+                             teacher_anchors=cfg.teacher_anchors,
+                             sampled_negatives=cfg.sampled_negatives if cfg.objective == "softmax" else 0)
         bar = tqdm(total=steps, initial=step, unit="step", disable=not progress, desc="train")
         items = iter(pipe)
         try:
@@ -218,18 +237,24 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
                 if item is None:
                     break
                 if isinstance(item, ChunkDone):
+                    row = watch.close_chunk(item.chunk)
+                    if row is not None and logf:
+                        # keyed by the chunk's last step: a resumed run keeps it with that step
+                        logf.write(json.dumps({"chunk_health": row, "step": step - 1}, sort_keys=True) + "\n")
                     if cfg.snapshot_chunks and (item.chunk + 1) % cfg.snapshot_chunks == 0 \
                             and item.chunk + 1 < len(plan) \
                             and time.perf_counter() - last_snapshot >= cfg.snapshot_every_s:
                         resume_mod.save(snap_dir, fp, item.chunk + 1, step, modules, opt,
-                                        {**metrics, HOLDOUT_KEY: collab.snapshot()})
+                                        {**metrics, HOLDOUT_KEY: collab.snapshot(),
+                                         CHUNKS_KEY: watch.chunks})
                         last_snapshot = time.perf_counter()
                     continue
                 timing["wait_s"] += time.perf_counter() - t
                 if collab.due(item.cutoff):          # nothing from here on trained yet
                     collab.choose(student, item.cutoff, texts, dev)
                 t = time.perf_counter()
-                m = _step(item, student, teacher, head, opt, funnel, cfg, dev, lr[step], mom[step])
+                m = _step(item, student, teacher, head, opt, funnel, cfg, dev, lr[step], mom[step],
+                          watch, item_codes)
                 timing["model_s"] += time.perf_counter() - t
                 timing["anchors"] += item.anchors
                 timing["steps"] += 1
@@ -243,7 +268,12 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
             emb_nodes = sorted(pipe.seen)
             final = pipe.final_sampler(cfg.student_view)
             embs = embed(student, final, emb_nodes, events[-1].ts, enc_cfg, texts, dev)
-            block = collab.block(embs, emb_nodes, final)
+            collapse = watch.summary(health(_item_directions(embs, emb_nodes, schema, enc_cfg)))
+            if collapse["collapsed"]:
+                log.error("the encoder collapsed: item directions' mean cosine %.3f (threshold "
+                          "%.2f), effective rank %.1f; its part of the embedding is not served",
+                          collapse["mean_cosine"], cfg.collapse_cosine, collapse["effective_rank"])
+            block = collab.block(embs, emb_nodes, final, encoder_ok=not collapse["collapsed"])
             served = embs if block is None else np.concatenate(
                 [embs, block_rows(block, final, emb_nodes, schema.action_codes())], axis=1)
         finally:
@@ -284,6 +314,7 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
                 "init": init.id if init is not None else None,
                 "data_window": [int(events[0].ts), int(events[-1].ts)], "events": len(events),
                 "seed": cfg.seed, "steps": step, "quantizer": dataclasses.asdict(qcfg),
+                "collapse": collapse,
                 "metrics": {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
     if block is not None:
         manifest["collaborative"] = block.settings
@@ -377,7 +408,16 @@ def _jsonable(d):
     return json.loads(json.dumps(d, default=str))
 
 
-def _step(b: Prepared, student, teacher, head, opt, funnel, cfg: TrainConfig, dev, lr, momentum) -> dict:
+def _item_directions(embs: np.ndarray, nodes: list[str], schema: SchemaConfig,
+                     enc_cfg: EncoderConfig) -> np.ndarray:
+    """The unit directions of the item nodes' embeddings (the score coordinate left out)."""
+    kinds = set(schema.item_node_types)
+    rows = [i for i, n in enumerate(nodes) if n.split(":", 1)[0] in kinds]
+    return embs[rows, :enc_cfg.d_emb - 1] if enc_cfg.score_bias else embs[rows]
+
+
+def _step(b: Prepared, student, teacher, head, opt, funnel, cfg: TrainConfig, dev, lr, momentum,
+          watch: CollapseWatch | None = None, item_codes: torch.Tensor | None = None) -> dict:
     s_batch, t_batch = b.student.to(dev), b.teacher.to(dev)
     for g in opt.param_groups:
         g["lr"] = float(lr)
@@ -392,16 +432,26 @@ def _step(b: Prepared, student, teacher, head, opt, funnel, cfg: TrainConfig, de
                                   cfg.sinkhorn_iters)
     hier = L.hierarchy_consistency_loss(s_logits, [student.parents(i) for i in range(len(s_logits))])
     src, dst, act = b.src.to(dev), b.dst.to(dev), b.action.to(dev)
+    seen = {"positives": int(b.label.sum()), "no_negative": 0 if cfg.negatives else int(b.label.sum())}
     if cfg.objective == "softmax":
         keep = funnel.to(dev)[act] > 0
         engage = L.in_batch_softmax_loss(s_emb, src[keep], dst[keep], funnel.to(dev)[act[keep]],
                                          b.log_q.to(dev) if cfg.logq else torch.zeros_like(b.log_q, device=dev),
                                          s_batch.type_ids[s_batch.anchor_pos],
-                                         cfg.softmax_temperature)
+                                         cfg.softmax_temperature, b.sampled.to(dev), seen)
     else:
         logits = L.engagement_logits(s_emb[src], s_emb[dst], head.relation(act))
         engage = L.engagement_loss(logits, b.label.to(dev), funnel.to(dev)[act])
-    loss = cfg.w_distill * distill + cfg.w_engage * engage + cfg.w_hierarchy * hier
+    uniform = s_emb.new_zeros(())
+    if item_codes is not None:
+        items = torch.isin(s_batch.type_ids[s_batch.anchor_pos], item_codes)
+        d = s_emb[items][:, :-1] if student.cfg.score_bias else s_emb[items]
+        if cfg.w_uniform:
+            uniform = L.uniformity_loss(d)
+        if watch is not None:
+            watch.step(d.detach().float().cpu().numpy(), seen["positives"], seen["no_negative"])
+    loss = cfg.w_distill * distill + cfg.w_engage * engage + cfg.w_hierarchy * hier \
+        + cfg.w_uniform * uniform
     if not torch.isfinite(loss):
         raise NonFiniteLoss(f"loss became {loss.item()} (distill {distill.item()}, engage "
                             f"{engage.item()}, hierarchy {hier.item()}); stopping")
@@ -412,5 +462,6 @@ def _step(b: Prepared, student, teacher, head, opt, funnel, cfg: TrainConfig, de
         for pt, ps in zip(teacher.parameters(), student.parameters()):
             pt.mul_(momentum).add_(ps.detach(), alpha=1 - momentum)
     return {"loss": float(loss.detach()), "distill": float(distill.detach()),
-            "engage": float(engage.detach()), "hierarchy": float(hier.detach()), "lr": float(lr),
+            "engage": float(engage.detach()), "hierarchy": float(hier.detach()),
+            "uniform": float(uniform.detach()), "lr": float(lr),
             "momentum": float(momentum)}

@@ -41,8 +41,9 @@ def test_a_block_scores_as_rank_truncated_ease_and_the_holdout_chooses_from_its_
     assert set(tried) == {(lam_, d) for lam_ in (1.0, 10.0, 100.0) for d in (0.0, 3.0)}
     assert tried[(lam, fit_days)] == max(tried.values())
     lam = h.choose_fit((1.0, 10.0, 100.0))[0]                 # binary fit only, from here on
-    w, w_tried = h.choose_weight(np.zeros((len(h.judged), 6)), lam, 3, (0.5, 2.0), rule="best")
-    assert w in (0.5, 2.0) and w_tried[w] == max(w_tried.values())
+    curve = h.weight_curve(np.zeros((len(h.judged), 6)), lam, 3, C.weights_tried((0.5, 2.0)))
+    assert set(curve) == {0.0, 0.5, 2.0, C.BLOCK_ALONE}
+    assert all(len(r) == len(h.judged) for r in curve.values())
 
     block = C.fit(data, lam, 64, [3], ("user",), factorization="svd")
     assert block.items == tuple(sorted(ITEMS)) and block.rank == 5   # at most items - 1
@@ -69,46 +70,68 @@ def test_a_block_scores_as_rank_truncated_ease_and_the_holdout_chooses_from_its_
     assert C.fit(data, lam, 64, [3], ("user",), unit_users=False).user_norm is None
 
 
-def test_the_weight_follows_the_signal_the_holdout_rewards():
-    """Encoder scores that know the holdout's answers win a small weight; scores that are
-    noise leave the ranking to the block (the largest weight)."""
-    rng = np.random.default_rng(2)
-    pairs = engagements(rng, users=300, per_user=6, groups=8, per_group=8)
-    data = C.Interactions.of(pairs, ("user",), ("product",), max_items=100)
-    h = C.Holdout.at_time(data, data.quantile_time(0.7))
-    n = len(data.items)
-    assert n > 40                               # Recall@20 must be able to miss
+def _holdout(seed: int = 2) -> C.Holdout:
+    rng = np.random.default_rng(seed)
+    data = C.Interactions.of(engagements(rng, users=300, per_user=6, groups=8, per_group=8),
+                             ("user",), ("product",), max_items=100)
+    assert len(data.items) > 40                 # Recall@20 must be able to miss
+    return C.Holdout.at_time(data, data.quantile_time(0.7))
+
+
+def test_the_holdout_judges_only_users_with_a_history():
+    h = _holdout()
+    assert len(h.judged) and (np.diff(h.before.indptr)[h.judged] > 0).all()
+
+
+def test_the_served_weight_follows_the_part_the_holdout_rewards():
+    """Encoder scores that know the holdout's answers: the encoder alone (or a mix leaning on
+    it); scores that are noise: the block alone; a random encoder (below popularity): the
+    block alone, whatever the mixes say."""
+    h = _holdout()
+    n = h.before.shape[1]
     oracle = np.zeros((len(h.judged), n))
     for i, t in enumerate(h.truth):
         oracle[i, t] = 1.0
-    assert h.choose_weight(oracle, 10.0, 16, (0.01, 100.0), rule="best")[0] == 0.01
-    noise = rng.standard_normal((len(h.judged), n))
-    assert h.choose_weight(noise, 10.0, 16, (0.01, 100.0), rule="best")[0] == 100.0
-    # clear differences: the one-standard-error rule agrees with the best
-    assert h.choose_weight(oracle, 10.0, 16, (0.01, 100.0), rule="one_se")[0] == 0.01
-    assert h.choose_weight(noise, 10.0, 16, (0.01, 100.0), rule="one_se")[0] == 100.0
+    grid = C.weights_tried((0.25, 1.0, 4.0))
+    weight, tried, _ = C.choose_parts(h.weight_curve(oracle, 10.0, 16, grid), h.popularity())
+    assert weight == C.ENCODER_ALONE and tried[weight] == max(tried.values())
+    noise = np.random.default_rng(3).standard_normal((len(h.judged), n))
+    curve = h.weight_curve(noise, 10.0, 16, grid)
+    assert C.choose_parts(curve)[0] == C.BLOCK_ALONE
+    assert C.choose_parts(curve, h.popularity())[0] == C.BLOCK_ALONE
+    np.testing.assert_allclose(curve[C.BLOCK_ALONE].mean(), curve[max(grid[:-1])].mean(), atol=0.05)
 
 
-def test_the_one_standard_error_rule_takes_the_lightest_weight_level_with_the_best():
-    """Encoder scores that are the block's own plus noise: heavier weights rank a little
-    better; "one_se" takes the lightest weight within one standard error (of the per-user
-    difference) of the best, and no lighter weight is within it."""
-    rng = np.random.default_rng(2)
-    data = C.Interactions.of(engagements(rng, users=300, per_user=6, groups=8, per_group=8),
-                             ("user",), ("product",), max_items=100)
-    h = C.Holdout.at_time(data, data.quantile_time(0.7))
-    q, k = C.truncated(C.ease_weights(h.before, 10.0), 16)    # as choose_weight cuts it below
-    block = C.user_rows(h.before[h.judged], q, 1.0) @ k.T
-    grid = (0.25, 0.5, 1.0, 2.0, 4.0)
-    enc = block + 2 * block.std() * np.random.default_rng(5).standard_normal(block.shape)
-    best, tried = h.choose_weight(enc, 10.0, 16, grid, rule="best", factorization="svd")
-    lightest, _ = h.choose_weight(enc, 10.0, 16, grid, rule="one_se", factorization="svd")
-    assert lightest < best and tried[best] == max(tried.values())
-    unit = enc.std() / block.std()
-    per = {w: h.per_user(enc + w * unit * block) for w in grid}
-    se = {w: np.std(per[w] - per[best], ddof=1) / np.sqrt(len(per[w])) for w in grid}
-    assert tried[lightest] >= tried[best] - se[lightest]
-    assert all(tried[w] < tried[best] - se[w] for w in grid if w < lightest)
+@settings(max_examples=30, deadline=None)
+@given(enc=st.lists(st.floats(0, 1), min_size=5, max_size=5),
+       blk=st.lists(st.floats(0, 1), min_size=5, max_size=5),
+       mixes=st.lists(st.lists(st.floats(0, 1), min_size=5, max_size=5), min_size=1, max_size=3),
+       pop=st.floats(0, 1))
+def test_the_served_weight_is_never_a_mix_the_holdout_cannot_tell_from_the_better_part(enc, blk, mixes, pop):
+    """Whatever the curve: below popularity the encoder is never served; a mix is chosen only
+    with a lead of more than a standard error over the better part alone; otherwise the
+    better part alone, ties to the block."""
+    per_user = {C.ENCODER_ALONE: np.array(enc), C.BLOCK_ALONE: np.array(blk)}
+    per_user.update({0.5 * (i + 1): np.array(m) for i, m in enumerate(mixes)})
+    popularity = np.full(5, pop)
+    weight, tried, why = C.choose_parts(per_user, popularity)
+    if np.mean(enc) < pop:
+        assert weight == C.BLOCK_ALONE
+        return
+    alone = C.BLOCK_ALONE if np.mean(blk) >= np.mean(enc) else C.ENCODER_ALONE
+    if weight not in (C.ENCODER_ALONE, C.BLOCK_ALONE):
+        assert C.clear_lead(per_user[weight], per_user[alone]) and tried[weight] == max(tried.values())
+    else:
+        assert weight == alone
+    assert why
+
+
+def test_a_flat_curve_serves_the_part_that_ranks_better_alone():
+    """The failure a ratings data set showed: every weight ties, the lightest used to win."""
+    same = np.array([0.0, 0.2, 0.1, 0.0])
+    per_user = {w: same for w in C.weights_tried((0.25, 0.5, 1.0))}
+    per_user[C.ENCODER_ALONE] = np.zeros(4)
+    assert C.choose_parts(per_user, np.zeros(4))[0] == C.BLOCK_ALONE
 
 
 def test_recency_weights_follow_a_users_own_latest_engagement():
@@ -369,8 +392,5 @@ def test_the_reduced_rank_is_the_rank_r_model_closest_to_easer_on_its_users(seed
     np.testing.assert_allclose(q @ k.T, b, atol=2e-4)
 
 
-def test_an_unknown_weight_rule_is_refused():
-    with pytest.raises(ValueError, match="weight_rule"):
-        C.CollaborativeConfig(weight_rule="median")
     with pytest.raises(ValueError, match="factorization"):
         C.CollaborativeConfig(factorization="pca")

@@ -39,7 +39,13 @@ def test_evaluation_end_to_end_writes_metrics_and_plots(tmp_path):
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["checkpoint"] == m["checkpoint"]
     res = m["next_engagement"]
     assert res["users"] > 0 and res["new_positives"] > 0
-    assert set(res["methods"]) == {"hirflow"} | {b.name for b in B.QUICK}
+    # the served vector, each of its parts alone, and every baseline
+    assert set(res["methods"]) == {"hirflow", "hirflow_encoder", "hirflow_block"} | {b.name for b in B.QUICK}
+    assert res["best_baseline"] in {b.name for b in B.QUICK}
+    served = np.asarray(json.loads((tmp_path / "eval" / "per_user.json").read_text())
+                        ["next_engagement"]["recall@20"]["hirflow"])
+    assert {"hirflow_encoder_vs_best_recall@20", "hirflow_block_vs_best_recall@20"} <= set(res)
+    assert len(served) == res["users"]
     for method, r in res["methods"].items():
         assert 0.0 <= r["recall@10"]["mean"] <= r["recall@50"]["mean"] <= 1.0
         assert r["recall@20"]["ci_low"] <= r["recall@20"]["mean"] <= r["recall@20"]["ci_high"]

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from hirflow.encoder.checkpoint import load
+from hirflow.encoder.collaborative import weights_tried
 from hirflow.encoder.model import EncoderConfig
 from hirflow.encoder.quantize import QuantizerConfig
 from hirflow.state.events import Engagement
@@ -39,7 +40,8 @@ def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
     # chunk, before training on it
     chosen = ck.manifest["collaborative"]["holdout"]
     assert chosen["usable"] and chosen["at"] > ck.manifest["data_window"][0]
-    assert chosen["weight"] in cfg.collaborative.weight_grid and chosen["l2"] in cfg.collaborative.l2_grid
+    assert chosen["weight"] in weights_tried(cfg.collaborative.weight_grid) and chosen["why"]
+    assert chosen["l2"] in cfg.collaborative.l2_grid
     # users' items weighted by the mean of their weights at every tau of the grid
     assert chosen["recency_days"] == list(cfg.collaborative.recency_grid)
     assert set(chosen["recency_recall@20"]) == {"+".join(f"{d:g}" for d in cfg.collaborative.recency_grid)}
@@ -54,8 +56,15 @@ def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
     # the next-period regression's weight chosen from its grid by the block alone
     assert chosen["next_weight"] in c.next_grid
     assert set(chosen["next_recall@20"]) == {f"{w:g}" for w in c.next_grid}
-    rows = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    rows = [r for r in lines if "chunk_health" not in r]
     assert len(rows) == ck.manifest["steps"]
+    # collapse health per chunk in the log and the manifest, and for the final embeddings
+    health = [r["chunk_health"] for r in lines if "chunk_health" in r]
+    collapse = ck.manifest["collapse"]
+    assert health and collapse["per_chunk"]["chunk"] == [h["chunk"] for h in health]
+    assert collapse["no_negative"] == 0.0 and collapse["items"] > 0
+    assert collapse["collapsed"] == (collapse["mean_cosine"] > cfg.collapse_cosine)
     assert all(set(r) >= {"loss", "distill", "engage", "hierarchy", "lr"} for r in rows)
     assert [r["cutoff"] for r in rows] == sorted(r["cutoff"] for r in rows)  # time-ordered
     assert [r["chunk"] for r in rows] == sorted(r["chunk"] for r in rows)
@@ -110,8 +119,11 @@ def test_an_interrupted_run_resumes_to_the_same_checkpoint(tmp_path, monkeypatch
     path = train(events(), schema, enc, cfg, tmp_path / "run", progress=False, resume=True, stats=stats)
     assert digest(path) == whole
     assert 0 < stats["steps"] < load(path).manifest["steps"]      # only the remaining steps ran
-    rows = [json.loads(x)["step"] for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    rows = [r["step"] for r in lines if "chunk_health" not in r]
     assert rows == list(range(load(path).manifest["steps"]))      # each step logged once
+    chunks = [r["chunk_health"]["chunk"] for r in lines if "chunk_health" in r]
+    assert chunks == sorted(set(chunks))                          # each chunk's health once
     assert not (tmp_path / "run" / "_resume").exists()
 
 
