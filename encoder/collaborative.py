@@ -785,22 +785,25 @@ def fold_in(users: sp.csr_matrix, query: np.ndarray, key: np.ndarray, tail: sp.c
     engagements: a million tail items cost one sparse product and a rank x rank solve."""
     raw = np.asarray(users @ query, np.float64)
     length = np.linalg.norm(raw, axis=1)
-    p = raw.copy()
+    p = raw
     y = sp.csr_matrix(tail, dtype=np.float64)
+    inv = np.divide(1.0, length, out=np.zeros_like(length), where=length > 0)
     if unit_users:
-        np.divide(raw, length[:, None], out=p, where=length[:, None] > 0)
-        inv = np.divide(1.0, length, out=np.zeros_like(length), where=length > 0)
+        p = raw * inv[:, None]
         y = sp.diags(inv) @ y
     gram = p.T @ p
     gram[np.diag_indices_from(gram)] += FOLD_L2 * max(np.trace(gram) / len(gram), 1e-12)
     k_tail = scipy.linalg.solve(gram, np.asarray((y.T @ p).T), assume_a="pos").T
     k64 = key.astype(np.float64)
-    # the same regression of the vocabulary's own columns, against the keys EASE^R gave them:
-    # one scale that puts the folded-in keys on the vocabulary's scale
-    yh = sp.csr_matrix(users > 0, dtype=np.float64)
-    if unit_users:
-        yh = sp.diags(inv) @ yh
-    k_head = scipy.linalg.solve(gram, np.asarray((yh.T @ p).T), assume_a="pos").T
+    # the same regression of the vocabulary's own columns, each user's block less the item's
+    # own query row (a tail item is never in the blocks it is regressed on; EASE^R's keys
+    # never score an item by itself), against the keys EASE^R gave them: one scale that puts
+    # the folded-in keys on the vocabulary's
+    scale = inv if unit_users else np.ones_like(length)
+    yh = sp.diags(scale) @ sp.csr_matrix(users > 0, dtype=np.float64)
+    own = np.asarray(sp.csr_matrix(users, dtype=np.float64).T @ (scale * scale)).ravel()
+    cross = np.asarray(yh.T @ p) - query.astype(np.float64) * own[:, None]
+    k_head = scipy.linalg.solve(gram, cross.T, assume_a="pos").T
     alpha = float((k_head * k64).sum() / max((k_head * k_head).sum(), 1e-300))
     k_tail *= max(alpha, 0.0)
     ratio = np.divide((query.astype(np.float64) * k64).sum(0), (k64 * k64).sum(0),

@@ -394,3 +394,54 @@ def test_the_reduced_rank_is_the_rank_r_model_closest_to_easer_on_its_users(seed
 
     with pytest.raises(ValueError, match="factorization"):
         C.CollaborativeConfig(factorization="pca")
+
+
+def test_items_beyond_the_dense_vocabulary_are_folded_in_on_its_scale():
+    """A vocabulary of 10 of 24 items: every other item with 3+ users gets rows, on the scale
+    of the vocabulary's (folded-in vocabulary items would get EASE^R's keys back up to one
+    scale), and a user scores the tail items of its own group above the other group's."""
+    rng = np.random.default_rng(3)
+    pairs = engagements(rng, users=300, per_user=6, groups=2, per_group=12)
+    full = C.Interactions.of(pairs, ("user",), ("product",), max_items=100)
+    data = C.Interactions.of(pairs, ("user",), ("product",), max_items=10)
+    assert len(data.items) == 10 and set(data.items) | set(data.tail) == set(full.items)
+    block = C.fit(data, 10.0, 8, [3], ("user",))
+    assert block.items == tuple(data.items) + tuple(data.tail) and block.settings["tail_items"] == len(data.tail)
+    head_scale = np.linalg.norm(block.key[:10], axis=1).mean()
+    tail_scale = np.linalg.norm(block.key[10:], axis=1).mean()
+    assert 0.2 < tail_scale / head_scale < 5
+    group = {f"product:{g * 12 + i}": g for g in range(2) for i in range(12)}
+    r, c, t = data.arrays()
+    users = C.user_rows(C.binary(r, c, (len(data.users), len(block.items))), block.query, 1.0)
+    tail_cols = np.arange(10, len(block.items))
+    wins = []
+    for u in range(len(data.users)):
+        own = [group[data.items[j]] for j in c[r == u]]
+        if not own:
+            continue
+        g = max(set(own), key=own.count)
+        s = users[u] @ block.key[tail_cols].T
+        mine = [s[k] for k, j in enumerate(tail_cols) if group[block.items[j]] == g]
+        other = [s[k] for k, j in enumerate(tail_cols) if group[block.items[j]] != g]
+        if mine and other:
+            wins.append(np.mean(mine) > np.mean(other))
+    assert np.mean(wins) > 0.8
+
+
+def test_an_item_engaged_by_fewer_than_three_users_gets_no_row():
+    pairs = [("user:a", "product:x", 1), ("user:b", "product:x", 2), ("user:a", "product:y", 3),
+             ("user:b", "product:y", 4), ("user:c", "product:y", 5), ("user:c", "product:z", 6),
+             ("user:a", "product:w", 7), ("user:b", "product:w", 8), ("user:c", "product:w", 9)]
+    data = C.Interactions.of(pairs, ("user",), ("product",), max_items=1)
+    assert data.items == ["product:w"] and data.tail == ["product:y"]      # x: 2 users, z: 1
+
+
+def test_a_session_holdout_judges_each_new_session_on_its_later_half():
+    pairs = [("user:a", "product:1", 1), ("user:a", "product:2", 2)]        # before the window
+    pairs += [(f"user:s{k}", f"product:{(k + j) % 5}", 10 + 3 * k + j) for k in range(6) for j in range(4)]
+    data = C.Interactions.of(pairs, ("user",), ("product",), max_items=10)
+    plain = C.Holdout.at_time(data, 10)
+    sessions = C.Holdout.at_time(data, 10, sessions=True)
+    assert len(plain.judged) == 0                                           # no session has history
+    assert len(sessions.judged) == 6 and len(sessions.prefix) == 12         # 2 of 4 clicks each
+    assert all(sessions.before[u].nnz == 2 for u in sessions.judged)

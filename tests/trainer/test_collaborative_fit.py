@@ -107,3 +107,11 @@ def test_the_config_refuses_windows_that_leave_the_training_window():
         C.CollaborativeConfig(holdout=0.25, weight_windows=4)
     with pytest.raises(ValueError, match="weight_windows"):
         C.CollaborativeConfig(weight_windows=0)
+
+
+def test_windows_are_added_until_enough_users_with_a_history_are_judged(world):
+    few = fitter(world, holdout=0.1, min_holdout_users=1)
+    many = fitter(world, holdout=0.1, min_holdout_users=10**6, max_holdout_share=0.45)
+    assert len(few.starts) == 1
+    assert len(many.starts) == 4                       # 4 x 0.1 <= 0.45 < 5 x 0.1
+    assert many.starts[-1] == few.starts[-1]           # the last window is the same

@@ -5,7 +5,8 @@ from hypothesis import given, settings, strategies as st
 
 from hirflow.state.events import Engagement
 from hirflow.trainer import baselines as B
-from hirflow.trainer.ranking import bootstrap_ci, paired_ratio_ci, per_user_metrics, ranking_task
+from hirflow.trainer.ranking import (bootstrap_ci, paired_ratio_ci, per_user_metrics, ranking_task,
+                                    session_prefixes)
 
 POS = {"click", "conversion"}
 
@@ -133,3 +134,47 @@ def test_every_baseline_scores_the_same_task_the_same_way_twice(b):
     task = planted_task()
     for params in b.grid:
         assert np.array_equal(b.score(task, params), b.score(task, params)), params
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 6), st.integers(0, 30)), min_size=1, max_size=40))
+def test_a_session_first_seen_in_the_window_is_judged_on_its_later_half(rows):
+    """Sessions with nothing before the window and two or more clicks in it: their first half
+    (in time) is history, the rest the truth; sessions seen before are untouched."""
+    evs = sorted((Engagement(f"session:{s}", f"product:{i}", "click", 100 + t) for s, i, t in rows),
+                 key=lambda e: e.ts)
+    old = [Engagement("session:0", "product:0", "click", 50)]        # session 0 was seen before
+    every = old + evs
+    prefix = session_prefixes(every, 100, 200, {"click"}, "session")
+    by_session: dict = {}
+    for e in evs:
+        by_session.setdefault(e.src, []).append(e)
+    for s, clicks in by_session.items():
+        mine = [e for e in prefix if e.src == s]
+        if s == "session:0" or len(clicks) < 2:
+            assert not mine
+        else:
+            assert len(mine) == len(clicks) // 2
+            rest = [e for e in clicks if not any(e is m for m in mine)]
+            assert max(e.ts for e in mine) <= min(e.ts for e in rest)
+    task = ranking_task(every, 100, 200, {"click"}, {"product"}, "session", prefix)
+    for u, truth in zip(task.eval_users, task.truth):
+        had = set(task.history[u].indices)
+        assert not had & set(truth.tolist())                     # never a click it had
+
+
+def test_a_dense_baseline_on_a_large_catalogue_fits_its_head_and_ranks_the_rest_by_popularity(monkeypatch):
+    rng = np.random.default_rng(0)
+    evs = [ev(u, int(i), int(t)) for u, i, t in zip(rng.integers(0, 40, 600), rng.zipf(1.3, 600) % 60,
+                                                     rng.integers(0, 100, 600))]
+    task = ranking_task(sorted(evs, key=lambda e: e.ts), 90, 200, POS, {"ad"})
+    full = B.ease(task, {"lam": 10.0})
+    monkeypatch.setattr(B, "MAX_DENSE_ITEMS", 20)
+    capped = B.ease(task, {"lam": 10.0})
+    pop = np.asarray(task.history.sum(0)).ravel()
+    head = np.sort(np.argsort(-pop, kind="stable")[:20])
+    rest = np.setdiff1d(np.arange(len(task.items)), head)
+    assert capped.shape == full.shape
+    assert capped[:, rest].max() < capped[:, head].min()            # the head ranks first
+    order = rest[np.argsort(-capped[0, rest], kind="stable")]
+    assert (np.diff(pop[order]) <= 0).all()                         # the rest by popularity
