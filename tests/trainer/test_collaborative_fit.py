@@ -29,7 +29,8 @@ def world():
 
 def fitter(world, **kw):
     events, schema, _ = world
-    return CollaborativeFit(events, schema, C.CollaborativeConfig(rank=16, holdout=0.2, **kw))
+    kw.setdefault("holdout", 0.2)
+    return CollaborativeFit(events, schema, C.CollaborativeConfig(rank=16, **kw))
 
 
 def test_the_weight_is_chosen_on_every_window_s_users_together(world):
