@@ -38,13 +38,16 @@ def pool(runs: Sequence[Mapping]) -> dict:
     methods = [set(r["recall@20"]) for r in runs]
     if any(MODEL not in m for m in methods):
         raise ValueError(f"pool: every run needs the served model's figures ({MODEL!r})")
-    # the served model's parts (`hirflow_encoder`, `hirflow_block`) are no baselines
-    baselines = sorted(m for m in set.intersection(*methods) if m != MODEL and not m.startswith(MODEL + "_"))
+    # the served model's parts (`hirflow_encoder`, `hirflow_block`) are no baselines; a
+    # baseline is deterministic on a split, so a run may leave it out (`--no-baselines`) and
+    # take the figures of the runs that scored it
+    baselines = sorted(m for m in set.union(*methods) if m != MODEL and not m.startswith(MODEL + "_"))
     if not baselines:
-        raise ValueError("pool: the runs share no baseline")
+        raise ValueError("pool: no run scored a baseline")
 
     def mean_over_runs(method: str) -> np.ndarray:
-        return np.mean([np.asarray(r["recall@20"][method], np.float64) for r in runs], axis=0)
+        return np.mean([np.asarray(r["recall@20"][method], np.float64) for r in runs
+                        if method in r["recall@20"]], axis=0)
 
     base = {b: mean_over_runs(b) for b in baselines}
     best = max(baselines, key=lambda b: base[b].mean())

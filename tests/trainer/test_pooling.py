@@ -46,8 +46,19 @@ def test_runs_scored_on_other_users_are_refused():
 def test_runs_without_the_model_or_a_shared_baseline_are_refused():
     with pytest.raises(ValueError, match="no runs"):
         pool([])
-    with pytest.raises(ValueError, match="share no baseline"):
-        pool([run([0.1, 0.2, 0.3], {"ease": [0.2] * 3}), run([0.1, 0.2, 0.3], {"als": [0.2] * 3})])
+    with pytest.raises(ValueError, match="no run scored a baseline"):
+        pool([run([0.1, 0.2, 0.3], {}), run([0.1, 0.2, 0.3], {"hirflow_block": [0.2] * 3})])
     only_baseline = {"users": ["user:0"], "recall@20": {"ease": [0.5]}}
     with pytest.raises(ValueError, match="served model"):
         pool([only_baseline])
+
+
+def test_a_run_without_baselines_is_judged_against_the_runs_that_scored_them():
+    """Baselines are deterministic on a split: later seeds skip them and pool against the
+    first run's; the served model's parts are reported per run, never taken as baselines."""
+    first = run([0.2, 0.4, 0.6], {"ease": [0.4, 0.4, 0.4], "hirflow_block": [0.9, 0.9, 0.9]})
+    later = run([0.4, 0.4, 0.4], {"hirflow_block": [0.3, 0.3, 0.3]})
+    out = pool([first, later])
+    assert out["best_baseline"] == "ease"
+    assert [p["ratio"] for p in out["per_run"]] == [1.0, 1.0]
+    assert out["parts_ratio"] == {"hirflow_block": [2.25, 0.75]}
