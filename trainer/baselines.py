@@ -19,9 +19,9 @@ all candidate items:
   repeated for `layers` and mixed with an ideal low-pass part when `alpha` > 0.
 
 The item-item methods (item-kNN, both EASE^R, the propagation) hold dense I x I matrices, as
-their reference forms do: on a catalogue larger than `MAX_DENSE_ITEMS` they are fitted on
-that many most-engaged items, as a practitioner would run them, and rank the other
-candidates after those, by popularity (`on_head`).
+their reference forms do: on a catalogue larger than `MAX_DENSE_ITEMS` (the served block's
+own dense vocabulary) they are fitted on that many most-engaged items, as a practitioner
+would run them, and rank the other candidates after those, by popularity (`on_head`).
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ from hirflow.trainer.ranking import RankingTask, per_user_metrics
 
 log = logging.getLogger(__name__)
 Scorer = Callable[[RankingTask, Mapping], np.ndarray]    # (task, params) -> (n_eval, I) scores
-MAX_DENSE_ITEMS = 10_000     # the largest item-item matrix a dense baseline fits (0.8 GB)
+MAX_DENSE_ITEMS = 5_000      # the largest item-item matrix a dense baseline fits: the dense
+                             # vocabulary of the served block (`CollaborativeConfig.max_items`)
 
 
 def on_head(score: Scorer) -> Scorer:
