@@ -1,70 +1,25 @@
 """The collaborative block: a low-rank EASE^R item-item model served as extra coordinates of
-every embedding, so the served inner product carries the collaborative signal that the
-strongest simple baseline on real data has.
+every embedding, so that the served inner product carries the item-to-item signal the
+strongest simple baselines have.
 
-EASE^R (Steck 2019) fits item-item weights B from the users x items matrix X of positive
-engagements: B = I - P diag(1 / diag(P)), P = (X^T X + lambda I)^-1, and scores a user's
-items as x_u B. Cut to rank r, the score splits into an inner product:
-x_u B ~= (x_u B V) . V_item, where V holds the top r right singular vectors of the training
-users' score matrix X B: the rank-r model whose scores of the training users are closest to
-EASE^R's (reduced-rank regression, the classical low-rank form of a ridge regression;
-`reduced_rank`).
-Truncating B itself (B ~= U S V^T, `truncated`) keeps the directions of B that matter most
-for B, not those that matter for users' histories: on Online Retail's validation window the
-served sum ranked better at 11 of 12 points at rank 128 (by up to 6 %), level on the synthetic
-world; on the test window it was 2 % behind, inside the noise (docs/evaluation.md). So an
-item's block is its row of V (each column weighted by the square root of its relative
-singular value, the query's rows divided by it: the same products), fixed by
-the checkpoint, and a user's block is the sum of the `query` rows of the items in the user's
-adjacency: it moves with every purchase the worker applies, which is what makes a fresh
-user embedding rank better than a stale one. Each item's row is weighted by how recently the
-user last engaged it, exp((t_item - t_latest) / tau) with `recency_days` = tau (0: all alike),
-by default the mean of those weights at tau = 0, 30, 60, 120 and 240 days (`recency_rule`
-"mix"; "choose" takes one tau chosen on the holdout, which chose anything from 0 to 240
-days on successive windows of the same shop): a user's last months say more about the next
-purchase than the year before them, by how much moves with the season, and since
-the weights are relative to the user's own latest engagement a user's block changes only when
-the user acts, never with the clock. That sum is then set to a fixed length
-(`user_norm`): a user's ranking by the block alone does not change, but the block's share of
-the served score stops growing with the length of the user's history (of the users judged
-on Online Retail's validation window the median has 62 items, the longest 1,626, while the
-encoder's per-user score spread varies by a third), so one weight serves light and heavy
-users alike.
+EASE^R (Steck 2019) fits item-item weights B = I - P diag(1 / diag(P)), P = (X^T X + lambda
+I)^-1, on the users x items matrix X of positive engagements (here the sum of fits on pairs
+weighted by recency at several scales, plus a next-period regression, `encoder.next_period`,
+of which items users engage new after what they had). Cut to rank r by reduced-rank
+regression (`reduced_rank`: the rank-r model closest to EASE^R's scores of the training
+users), a user's scores become an inner product: an item's block is its `key` row; a user's
+block the sum of the `query` rows of the items it engaged, each weighted by how recently,
+set to unit length, so it moves with every engagement the worker applies. EASE^R is dense
+over a vocabulary of the `max_items` most-engaged items; every other item engaged by three
+or more users gets rows by a ridge fold-in on the users' blocks (`fold_in`), so the block
+covers a catalogue of millions of items.
 
-EASE^R itself is fitted on the users x items matrix with each pair weighted by how recent it
-is within the training window, exp(t_pair / tau_fit) with `fit_days` = tau_fit (0: the binary
-matrix), scaled so that the squared weights sum to the number of pairs (lambda keeps its
-meaning whatever tau_fit): co-purchases of the last months say more about which items go
-together next than those of a year before (a catalogue and its seasons move). The weights
-are relative to the window, so they are fixed by the checkpoint like the block's rows.
-By default the fit is made at several taus (`fit_scales`, 15 to 240 days), each divided by
-the spread of its scores of the training users, and the fits are summed (`ease_scales`):
-which tau serves the next weeks best changes from one window of a seasonal catalogue to the
-next, and choosing one on a single holdout chose by the window's noise. Choosing lambda for
-the sum on one window and scoring the next ranked better than choosing lambda and one tau
-there, on both pairs of consecutive windows before Online Retail's validation window ends
-(by 3 and 11 %), level on the synthetic world's (docs/evaluation.md); `fit_rule` "choose"
-picks one tau of `fit_grid` with lambda instead.
-
-Added to EASE^R's weights before the cut (`block_weights`), at unit score spread times a
-weight (`next_weight`, chosen on the holdout by the block alone from `next_grid` unless
-configured; a weight above the grid's lightest only when it leads that one by more than a
-standard error, `clear_lead`), are a next-period regression's (`encoder.next_period`):
-EASE^R says which items are owned together, the regression which items users buy new after
-what they had, the question a served ranking is judged on. At weight 1, on Online Retail's
-three windows before its test window it raised the block alone's Recall@20 by 11-20 %; on
-the synthetic world's it lowered it by 5-11 % (at 0.25 from -5 % to +0.1 %), which is why
-the holdout chooses the weight, and why a lead inside one window's noise does not count
-(docs/evaluation.md).
-
-Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes
-live in the first d_emb coordinates only. Nodes of other types, and items outside the
-block's vocabulary (new items, or past `max_items`), get zeros: they rank by the encoder's
-coordinates alone, as a cold item must. Lambda and the block's weight against the encoder's
-score (`weight`: the block's score spread over the encoder's), and each tau under its
-"choose" rule, are chosen by the trainer on a holdout of its own window
-(`trainer.collaborative_fit`); docs/evaluation.md has the validation figures behind the
-rank, the scales and the grids.
+Served embedding = [encoder embedding (d_emb) ; block (rank)]; the hierarchy's prototypes live
+in the first d_emb coordinates. Nodes the block does not know get zeros. Everything chosen
+(lambda, the rank, the next-period weight, the block's weight against the encoder, each
+part alone included) is chosen by the trainer on holdouts of its own window
+(`Holdout`, `trainer.collaborative_fit`); recency scales are multiples of the holdout
+window's length, so a data set's clock is its own.
 
 numpy and scipy only; `EdgeColumns` is state's data type for a batch's adjacencies.
 """
@@ -85,15 +40,16 @@ from hirflow.state.schema import node_type
 FILE = "collaborative.json"          # the block's vocabulary and settings, beside the weights
 QUERY, KEY = "collab.query", "collab.key"     # its (I, rank) matrices in weights.safetensors
 FACTORIZATIONS = ("reduced_rank", "svd")
-FIT_RULES = ("scales", "choose")
-RECENCY_RULES = ("mix", "choose")
 DAY_MS = 86_400_000
 
 
 @dataclass(frozen=True)
 class CollaborativeConfig:
-    rank: int = 128                  # block width (0: no block); validation Recall@20 on Online
-                                     # Retail: rank 64 0.110, 128 0.113 (docs/evaluation.md)
+    rank: int | None = None          # block width (0: no block; None: chosen on the holdout
+                                     # from `rank_grid` by the block alone, a wider one only
+                                     # on a clear lead: session data needs more of EASE^R's
+                                     # rank than a shop's year)
+    rank_grid: tuple[int, ...] = (128, 256, 512)
     weight: float | None = None      # block score spread / encoder score spread (None: chosen
                                      # on the holdout from `weight_grid`)
     weight_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -115,20 +71,17 @@ class CollaborativeConfig:
                                      # and 103 s (~8 minutes in all), 5,000 about a minute
     unit_users: bool = True          # a user's block set to a fixed length (False: the plain
                                      # sum, whose share grows with the user's history)
-    recency_days: float | None = None    # tau of a user's item weights (0: all alike; None:
-                                         # as `recency_rule` says)
-    recency_rule: str = "mix"        # "mix": each item weighted by the mean of its weights at
-                                     # every tau of `recency_grid`; "choose": one tau of it,
-                                     # chosen on the holdout
-    recency_grid: tuple[float, ...] = (0.0, 30.0, 60.0, 120.0, 240.0)
-    fit_days: float | None = None    # tau of the pairs' weights in EASE^R's fit (0: binary;
-                                     # None: as `fit_rule` says)
-    fit_rule: str = "scales"         # "scales": EASE^R fitted at every tau of `fit_scales` and
-                                     # the fits summed, each at unit score spread (lambda chosen
-                                     # on the holdout); "choose": one tau of `fit_grid`, chosen
-                                     # with lambda on the holdout
-    fit_scales: tuple[float, ...] = (15.0, 30.0, 60.0, 120.0, 240.0)
-    fit_grid: tuple[float, ...] = (0.0, 15.0, 30.0, 60.0, 120.0, 240.0)
+    recency_days: float | None = None    # tau of a user's item weights in days (0: all alike;
+                                         # None: the mean of the weights at `recency_windows`)
+    recency_windows: tuple[float, ...] = (0.0, 2.0, 4.0, 8.0, 16.0)   # taus in holdout windows:
+                                     # a data set's clock is its own (a day of sessions, a
+                                     # shop's season, a decade of ratings), so the scales are
+                                     # multiples of the last holdout window's length (Online
+                                     # Retail's: 16 days)
+    fit_days: float | None = None    # tau of the pairs' weights in EASE^R's fit in days (0:
+                                     # binary; None: fitted at every tau of `fit_windows`, the
+                                     # fits summed, each at unit score spread)
+    fit_windows: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)     # in holdout windows
     factorization: str = "reduced_rank"   # how B is cut to `rank`: "reduced_rank" (the rank-r
                                           # model closest to EASE^R's scores of the training
                                           # users) or "svd" (B's own truncated SVD)
@@ -143,31 +96,37 @@ class CollaborativeConfig:
     next_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
 
     def __post_init__(self) -> None:
-        if self.rank < 0 or (self.weight is not None and self.weight < 0) or self.max_items < 2 \
+        if (self.rank is not None and self.rank < 0) or not self.rank_grid \
+                or min(self.rank_grid) < 1 \
+                or (self.weight is not None and self.weight < 0) or self.max_items < 2 \
                 or not 0 < self.holdout < 1 or not self.l2_grid or min(self.l2_grid) <= 0 \
                 or self.weight_windows < 1 or self.holdout * self.weight_windows >= 1 \
                 or self.min_holdout_users < 0 or not 0 < self.max_holdout_share < 1 \
                 or not self.weight_grid or min(self.weight_grid) < 0 \
                 or self.factorization not in FACTORIZATIONS \
                 or (self.recency_days is not None and self.recency_days < 0) \
-                or not self.recency_grid or min(self.recency_grid) < 0 \
+                or not self.recency_windows or min(self.recency_windows) < 0 \
                 or (self.fit_days is not None and self.fit_days < 0) \
-                or self.fit_rule not in FIT_RULES or self.recency_rule not in RECENCY_RULES \
-                or not self.fit_scales or min(self.fit_scales) < 0 \
-                or not self.fit_grid or min(self.fit_grid) < 0 \
+                or not self.fit_windows or min(self.fit_windows) < 0 \
                 or self.next_periods < 0 or self.next_l2 <= 0 \
                 or (self.next_weight is not None and self.next_weight < 0) \
                 or not self.next_grid or min(self.next_grid) < 0:
-            raise ValueError("collaborative: rank >= 0, weight >= 0 or None, max_items >= 2, "
-                             "holdout in (0, 1), weight_windows >= 1 with holdout x "
-                             "weight_windows < 1, min_holdout_users >= 0, max_holdout_share in "
-                             "(0, 1), non-empty l2_grid (> 0) and weight_grid (>= 0), "
-                             "factorization one of "
-                             f"{FACTORIZATIONS}, fit_rule one of {FIT_RULES}, recency_rule one "
-                             f"of {RECENCY_RULES}, recency_days and "
-                             "fit_days >= 0 or None, non-empty recency_grid, fit_scales and "
-                             "fit_grid (>= 0), next_periods >= 0, next_l2 > 0, next_weight "
-                             ">= 0 or None, non-empty next_grid (>= 0)")
+            raise ValueError("collaborative: rank >= 0 or None, rank_grid >= 1, weight >= 0 or "
+                             "None, max_items >= 2, holdout in (0, 1), weight_windows >= 1 with "
+                             "holdout x weight_windows < 1, min_holdout_users >= 0, "
+                             "max_holdout_share in (0, 1), non-empty l2_grid (> 0) and "
+                             f"weight_grid (>= 0), factorization one of {FACTORIZATIONS}, "
+                             "recency_days and fit_days >= 0 or None, non-empty recency_windows "
+                             "and fit_windows (>= 0), next_periods >= 0, next_l2 > 0, "
+                             "next_weight >= 0 or None, non-empty next_grid (>= 0)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank != 0
+
+    def ranks(self) -> tuple[int, ...]:
+        """The block widths the holdout chooses among (one when configured)."""
+        return (self.rank,) if self.rank is not None else tuple(sorted(self.rank_grid))
 
     def next_weights(self) -> tuple[float, ...]:
         """The next-period part's weights the holdout chooses among (one when configured;
@@ -176,23 +135,19 @@ class CollaborativeConfig:
             return (0.0,)
         return (self.next_weight,) if self.next_weight is not None else tuple(self.next_grid)
 
-    def fits(self) -> tuple[float | tuple[float, ...], ...]:
-        """The fits the holdout chooses among, with lambda: a tau (one fit) or a tuple of taus
-        (their fits summed, `ease_scales`)."""
+    def fit_taus(self, window_days: float) -> float | tuple[float, ...]:
+        """EASE^R's fit: a tau in days, or the taus (`fit_windows` x the holdout window's
+        length) whose fits are summed (`ease_scales`)."""
         if self.fit_days is not None:
-            return (self.fit_days,)
-        if self.fit_rule == "scales":
-            return (tuple(self.fit_scales),)
-        return tuple(self.fit_grid)
+            return self.fit_days
+        return tuple(round(m * window_days, 3) for m in self.fit_windows)
 
-    def recencies(self) -> tuple[float | tuple[float, ...], ...]:
-        """The users' item weights the holdout chooses among: a tau, or a tuple of taus whose
-        weights are averaged (`recency_weighted`)."""
+    def recency_taus(self, window_days: float) -> float | tuple[float, ...]:
+        """A user's item weights: a tau in days, or the taus (`recency_windows` x the holdout
+        window's length) whose weights are averaged (`recency_weighted`)."""
         if self.recency_days is not None:
-            return (self.recency_days,)
-        if self.recency_rule == "mix":
-            return (tuple(self.recency_grid),)
-        return tuple(self.recency_grid)
+            return self.recency_days
+        return tuple(round(m * window_days, 3) for m in self.recency_windows)
 
 
 @dataclass
@@ -616,15 +571,6 @@ class Holdout:
                                              self.nxt, self.at))
         return self._ease[1]
 
-    def choose_recency(self, lam: float, grid: Sequence,
-                       fit_days: float | Sequence[float] = 0.0) -> tuple[float | tuple[float, ...], dict]:
-        """The users' item weights (a tau in days, 0: all items alike, or a tuple of taus whose
-        weights are averaged) with the best holdout Recall@20 of the block alone (EASE^R with
-        `lam` and `fit_days`, full rank); ties go to the first."""
-        b = self.ease(lam, fit_days)
-        tried = {days: self.recall(np.asarray(self.queries(days) @ b)) for days in grid}
-        return max(tried, key=tried.get), tried
-
     def choose_next(self, lam: float, fit_days: float | Sequence[float],
                     recency_days: float | Sequence[float], base: NextPeriod,
                     grid: Sequence[float]) -> tuple[float, dict[float, float]]:
@@ -653,6 +599,29 @@ class Holdout:
         self.nxt = replace(base, weight=best)
         self._ease = ((lam, taus_of(fit_days), self.nxt), blend(b, n, spreads, best))
         return best, tried
+
+    def choose_rank(self, recency_days: float | Sequence[float], ranks: Sequence[int],
+                    factorization: str = "reduced_rank") -> tuple[int, dict[int, float]]:
+        """The block's width by the holdout Recall@20 of the block alone (the last solve's
+        weights, users' items weighted by `recency_days`, cut to each rank of `ranks`): the
+        narrowest, unless a wider one leads it by more than a standard error (`clear_lead`),
+        step by step: a wider served vector costs every node, so it must earn its place.
+        -> (rank, Recall@20 per rank)."""
+        assert self._ease is not None, "choose_rank follows a solve (ease / choose_next)"
+        b = self._ease[1]
+        queries = self.queries(recency_days)
+        n = b.shape[0]
+        per_user = {}
+        for r in sorted(set(ranks)):
+            q, k = factors(b, self.before, min(r, n - 1), factorization)
+            per_user[r] = self.per_user(user_rows(queries, q, 1.0) @ k.T)
+            if r >= n - 1:
+                break
+        chosen = min(per_user)
+        for r in sorted(per_user)[1:]:
+            if clear_lead(per_user[r], per_user[chosen]):
+                chosen = r
+        return chosen, {r: float(v.mean()) for r, v in per_user.items()}
 
     def weight_curve(self, encoder_scores: np.ndarray, lam: float, rank: int,
                      grid: Sequence[float], unit_users: bool = True,

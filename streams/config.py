@@ -130,8 +130,6 @@ class RefreshConfig:
 
 
 OBJECTIVES = ("softmax", "bce")
-FIT_RULES = ("scales", "choose")        # encoder.collaborative.FIT_RULES (kept import-light)
-RECENCY_RULES = ("mix", "choose")       # encoder.collaborative.RECENCY_RULES
 
 
 @dataclass(frozen=True)
@@ -155,25 +153,22 @@ class TrainSection:
     min_steps: int = 1000               # more passes for a small data set, to at least this
                                         # many steps (not when steps_per_chunk caps the run)
     centre_types: bool = True           # fit primitives to embeddings less their type's mean
-    collaborative_rank: int = 128       # width of the served embedding's collaborative block
-                                        # (low-rank EASE^R over users' items; 0: none)
+    collaborative_rank: int | None = None   # width of the served embedding's collaborative
+                                        # block (low-rank EASE^R over users' items; 0: none;
+                                        # unset: 128, 256 or 512, chosen on the training
+                                        # window's last 10 %, wider only on a clear lead)
     collaborative_weight: float | None = None   # its score spread over the encoder's
                                         # (unset: chosen on the training window's last 10 %)
     collaborative_weight_windows: int = 1   # successive holdout windows (10 % each, the last
                                         # ending the training window) whose users together
                                         # choose that weight (1: the last alone)
     collaborative_recency_days: float | None = None   # tau of the recency weights of a
-                                        # user's items in its block (0: all alike; unset: as
-                                        # collaborative_recency_rule says)
-    collaborative_recency_rule: str = "mix"   # mix: the mean of the weights at taus of 0 to
-                                        # 240 days; choose: one tau, chosen on the training
-                                        # window's last 10 %
+                                        # user's items in its block, in days (0: all alike;
+                                        # unset: the mean of the weights at 0 to 16 times the
+                                        # length of the training window's last 10 %)
     collaborative_fit_days: float | None = None   # tau of the pairs' recency weights in
-                                        # EASE^R's fit (0: all alike; unset: as
-                                        # collaborative_fit_rule says)
-    collaborative_fit_rule: str = "scales"   # scales: EASE^R fitted at recency scales of 15
-                                        # to 240 days, the fits summed; choose: one scale (or
-                                        # none), chosen with lambda on the window's last 10 %
+                                        # EASE^R's fit, in days (0: all alike; unset: fitted
+                                        # at 1 to 16 times that length, the fits summed)
     collaborative_next_periods: int = 2   # periods (each as long as the training window's
                                         # last 10 %) of the next-period regression added to
                                         # EASE^R in the block: which items users buy new after
@@ -190,7 +185,7 @@ class TrainSection:
             raise ValueError(f"train.train_share must be in (0, 1), got {self.train_share}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"train.objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.collaborative_rank < 0 or (self.collaborative_weight or 0) < 0 \
+        if (self.collaborative_rank or 0) < 0 or (self.collaborative_weight or 0) < 0 \
                 or (self.collaborative_recency_days or 0) < 0 or (self.collaborative_fit_days or 0) < 0:
             raise ValueError("train.collaborative_rank, collaborative_weight, "
                              "collaborative_recency_days and collaborative_fit_days must be >= 0")
@@ -200,12 +195,6 @@ class TrainSection:
         if not 1 <= self.collaborative_weight_windows <= 9:
             raise ValueError("train.collaborative_weight_windows must be in 1..9 (windows of 10 % "
                              f"each inside the training window), got {self.collaborative_weight_windows}")
-        if self.collaborative_fit_rule not in FIT_RULES:
-            raise ValueError(f"train.collaborative_fit_rule must be one of {FIT_RULES}, "
-                             f"got {self.collaborative_fit_rule!r}")
-        if self.collaborative_recency_rule not in RECENCY_RULES:
-            raise ValueError(f"train.collaborative_recency_rule must be one of {RECENCY_RULES}, "
-                             f"got {self.collaborative_recency_rule!r}")
         if self.passes < 1 or self.sample_workers < 0 or self.min_steps < 0 \
                 or (self.rounds is not None and self.rounds < 1) \
                 or (self.steps_per_chunk is not None and self.steps_per_chunk < 1):

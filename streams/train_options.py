@@ -28,9 +28,7 @@ def run_options(cfg: HirflowConfig, resume: bool = False, log_path: str | None =
                                                           weight=tc.collaborative_weight,
                                                           weight_windows=tc.collaborative_weight_windows,
                                                           recency_days=tc.collaborative_recency_days,
-                                                          recency_rule=tc.collaborative_recency_rule,
                                                           fit_days=tc.collaborative_fit_days,
-                                                          fit_rule=tc.collaborative_fit_rule,
                                                           next_periods=tc.collaborative_next_periods,
                                                           next_weight=tc.collaborative_next_weight),
                         log_path=log_path)

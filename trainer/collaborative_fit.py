@@ -1,25 +1,20 @@
 """Fitting the served embedding's collaborative block around a training run
 (`encoder.collaborative`).
 
-Five settings are chosen on holdouts of the training window itself, never on validation or
-test: EASE^R's lambda with its fit (the sum of fits at several recency scales by default, or
-one tau of the pairs' weights: `CollaborativeConfig.fit_rule`), then the recency weights of
-a user's items (their mix over several taus by default, or one tau: `recency_rule`), the
-weight of the next-period regression added to EASE^R (`encoder.next_period`; its periods as
-long as the holdout window; all three by the block alone), and the block's weight against
-the encoder. The holdout window starts at the first time chunk that begins in the window's
-last `holdout` share of positive engagements; with `weight_windows` > 1 (an option; 1 by
-default) as many windows of the same share come before it, each judged up to the next one's
-start. The trainer visits chunks in time order, so when it reaches a window's first chunk
-the student has seen nothing from it; `choose` then embeds the window's users and the
-vocabulary's items as of the chunk's start, from a store of the events before it, and scores
-the sum of encoder and block scores at each weight of the grid by how well it ranks the
-window's new items. The weight is chosen on all
-windows' users together (the best by default, or the lightest within one standard error of
-the best: `CollaborativeConfig.weight_rule`). Lambda, the fit, the users' weights and the
-next-period weight are the last window's. What the windows found is kept in the resume
-snapshot. After training, `block` refits EASE^R and the next-period regression on the whole
-window with the chosen settings and scales the block against the final encoder's scores.
+Everything is chosen on holdouts of the training window itself, never on validation or test.
+The holdout windows are its last `holdout` shares of positive engagements; earlier windows
+are added until they judge `min_holdout_users` users with a history (a quiet data set's last
+tenth may hold a few dozen). Only users with a history are judged (an empty block is the
+same at every setting); with `SchemaConfig.session_users`, a session first seen in a window
+is judged on its later half there given its earlier half. On the last window, by the block
+alone: EASE^R's lambda, the next-period weight (above 0 only on a clear lead) and the rank
+(wider only on a clear lead). The trainer visits chunks in time order, so when it reaches a
+window's first chunk the student has seen nothing from it: `choose` embeds the window's users
+and the items as of that chunk's start and scores each part alone and their mixes; the
+served weight (`collaborative.choose_parts`) never serves an encoder below popularity, and
+prefers the part that ranks better alone unless a mix clearly leads it. After training,
+`block` refits on the whole window with the chosen settings, scales the block against the
+final encoder, and serves it alone when the encoder collapsed.
 """
 from __future__ import annotations
 
@@ -53,12 +48,14 @@ class CollaborativeFit:
         # a user-item engagement in either direction (an ad shown to a user counts as well)
         pairs = ((a, b, e.ts) for e in events if e.action in keep for a, b in ((e.src, e.dst), (e.dst, e.src)))
         self.data = C.Interactions.of(pairs, (schema.user_type,), schema.item_node_types, cfg.max_items)
-        self.enabled = cfg.rank > 0 and len(self.data.items) >= 2
+        self.enabled = cfg.enabled and len(self.data.items) >= 2
         # the holdout windows' nominal starts, oldest first; a fixed weight needs the last only
         self.starts = self._window_starts() if self.enabled else []
         # the next-period regression's periods are as long as the last holdout window
         span = self.data.last_time + 1 - self.starts[-1] if self.starts else 0
         self.next_base = NextPeriod(cfg.next_periods, int(span), cfg.next_l2, 0.0)
+        # recency scales are multiples of this window's length: each data set's own clock
+        self.window_days = max(span / C.DAY_MS, 1e-3)
         self.windows: list[dict] = []        # each window reached: its weight curve (JSON)
         self.choice: dict | None = None      # what the holdout chose (JSON: kept in snapshots)
 
@@ -135,12 +132,11 @@ class CollaborativeFit:
     def _score(self, h: C.Holdout, student: HierarchicalEncoder, cutoff: int, texts, dev) -> dict:
         """On one window: lambda with the fit, the users' item weights, and each judged user's
         Recall@20 per weight of the grid (none when the weight is configured)."""
-        lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, self.cfg.fits())
-        days, days_tried = self.cfg.recency_days, {}
-        if days is None:
-            days, days_tried = h.choose_recency(lam, self.cfg.recencies(), fit_days)
+        lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, (self.cfg.fit_taus(self.window_days),))
+        days = self.cfg.recency_taus(self.window_days)
         next_weight, next_tried = h.choose_next(lam, fit_days, days, self.next_base,
                                                 self.cfg.next_weights())
+        rank, rank_tried = h.choose_rank(days, self.cfg.ranks(), self.cfg.factorization)
         per_user = {}
         if self.cfg.weight is None:
             users = [self.data.users[i] for i in h.judged]
@@ -151,18 +147,16 @@ class CollaborativeFit:
             with state_of([e for e in self.events if e.ts <= cutoff] + early, self.schema) as sampler:
                 eu = embed(student, sampler, users, at_ts, student.cfg, texts, dev)
                 ei = embed(student, sampler, list(self.data.items), at_ts, student.cfg, texts, dev)
-            rank = min(self.cfg.rank, len(self.data.items) - 1)
             curve = h.weight_curve(eu @ ei.T, lam, rank, C.weights_tried(self.cfg.weight_grid),
                                    self.cfg.unit_users, days, fit_days, self.cfg.factorization)
             # unrounded (JSON keeps a float exactly): a resumed run chooses as an unbroken one
             per_user = {str(w): [float(x) for x in r] for w, r in curve.items()}
             per_user["popularity"] = [float(x) for x in h.popularity()]
         return {"users": int(len(h.judged)), "l2": lam, "fit_days": C.taus_json(fit_days),
-                "recency_days": C.taus_json(days), "next_weight": next_weight,
+                "recency_days": C.taus_json(days), "next_weight": next_weight, "rank": rank,
+                "rank_recall@20": {str(k): round(v, 5) for k, v in rank_tried.items()},
                 # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
                 "l2_recall@20": {f"{k[0]:g}/{C.taus_label(k[1])}": round(v, 5) for k, v in l2_tried.items()},
-                # keyed by tau ("0+30+..." for a mix)
-                "recency_recall@20": {C.taus_label(k): round(v, 5) for k, v in days_tried.items()},
                 "next_recall@20": {f"{k:g}": round(v, 5) for k, v in next_tried.items()},
                 "per_user_recall@20": per_user}
 
@@ -181,8 +175,8 @@ class CollaborativeFit:
             if popularity is not None:
                 tried["popularity"] = float(np.mean(popularity))
         choice = {k: last.get(k) for k in ("at", "usable", "l2", "fit_days", "recency_days",
-                                           "l2_recall@20", "recency_recall@20", "next_weight",
-                                           "next_recall@20")}
+                                           "l2_recall@20", "next_weight", "next_recall@20",
+                                           "rank", "rank_recall@20")}
         choice.update({"weight": weight, "why": why, "holdout_users": last["users"],
                        "judged_users": sum(w["users"] for w in usable),
                        "weight_recall@20": {str(k): round(v, 5) for k, v in tried.items()},
@@ -210,7 +204,7 @@ class CollaborativeFit:
             choice = dict(choice, weight=C.BLOCK_ALONE, why="the encoder collapsed: the block alone")
         if choice is None:
             h = self._holdout(self.start)
-            fit_days = self.cfg.fits()[0]       # the first candidate: no holdout to choose one
+            fit_days = self.cfg.fit_taus(self.window_days)
             lam = h.choose_fit(self.cfg.l2_grid, (fit_days,))[0] if h.usable \
                 else sorted(self.cfg.l2_grid)[len(self.cfg.l2_grid) // 2]
             weight = self.cfg.weight if self.cfg.weight is not None else DEFAULT_WEIGHT
@@ -219,10 +213,12 @@ class CollaborativeFit:
             log.warning("collaborative block: no holdout chunk to choose its weight on; weight %g", weight)
             choice = {"l2": lam, "weight": weight, "usable": False, "why": "no usable holdout",
                       "fit_days": C.taus_json(fit_days),
-                      "recency_days": C.taus_json(self.cfg.recencies()[0]),
+                      "recency_days": C.taus_json(self.cfg.recency_taus(self.window_days)),
+                      "rank": min(self.cfg.ranks()),
                       "next_weight": self.cfg.next_weights()[0]}
         codes = self.schema.action_codes()
-        block = C.fit(self.data, choice["l2"], self.cfg.rank, [codes[a] for a in self.positive],
+        block = C.fit(self.data, choice["l2"], choice.get("rank") or min(self.cfg.ranks()),
+                      [codes[a] for a in self.positive],
                       (self.schema.user_type,), {"holdout": choice}, self.cfg.unit_users,
                       choice.get("recency_days") or 0.0, choice.get("fit_days") or 0.0,
                       self.cfg.factorization,

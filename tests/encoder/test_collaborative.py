@@ -221,25 +221,41 @@ def test_a_sum_of_recency_scales_gives_each_scale_the_same_say():
     np.testing.assert_array_equal(C.ease_scales(rows, cols, t, shape, 5.0, (10.0,)), fits[0])
 
 
-@pytest.mark.parametrize("candidates, rule, fixed, grid", [
-    ("fits", "fit_rule", "fit_days", "fit_grid"),
-    ("recencies", "recency_rule", "recency_days", "recency_grid")])
-def test_the_config_offers_the_holdout_what_its_rule_names(candidates, rule, fixed, grid):
-    """By default one candidate, every scale at once; "choose": each scale of the grid; a
-    fixed tau: that tau alone; an unknown rule is refused."""
-    default = C.CollaborativeConfig()
-    scales = default.fit_scales if candidates == "fits" else default.recency_grid
-    assert getattr(default, candidates)() == (tuple(scales),)
-    assert getattr(C.CollaborativeConfig(**{rule: "choose"}), candidates)() == getattr(default, grid)
-    assert getattr(C.CollaborativeConfig(**{fixed: 7.0}), candidates)() == (7.0,)
-    with pytest.raises(ValueError, match=rule):
-        C.CollaborativeConfig(**{rule: "mean"})
+def test_recency_scales_are_multiples_of_the_holdout_window_unless_fixed():
+    """Each data set's own clock: the same multiples give days on a shop's year, hours on a
+    day of sessions; a fixed tau is that tau; the ranks offered follow the config."""
+    c = C.CollaborativeConfig()
+    assert c.fit_taus(16.0) == tuple(16.0 * m for m in c.fit_windows)
+    assert c.recency_taus(0.5) == tuple(0.5 * m for m in c.recency_windows)
+    assert C.CollaborativeConfig(fit_days=7.0).fit_taus(16.0) == 7.0
+    assert C.CollaborativeConfig(recency_days=0.0).recency_taus(16.0) == 0.0
+    assert c.ranks() == (128, 256, 512) and C.CollaborativeConfig(rank=64).ranks() == (64,)
+    assert not C.CollaborativeConfig(rank=0).enabled
+    with pytest.raises(ValueError, match="rank_grid"):
+        C.CollaborativeConfig(rank_grid=())
+
+
+def test_a_wider_block_is_chosen_only_on_a_clear_lead():
+    """Items in many small groups: a narrow block cannot hold them and a wider one ranks
+    clearly better; a narrow block that holds them all keeps the narrowest width."""
+    rng = np.random.default_rng(4)
+    many = C.Interactions.of(engagements(rng, users=600, per_user=8, groups=30, per_group=4),
+                             ("user",), ("product",), max_items=200)
+    h = C.Holdout.at_time(many, many.quantile_time(0.8))
+    h.ease(10.0)
+    rank, tried = h.choose_rank(0.0, (2, 8, 64))
+    assert rank > 2 and tried[rank] > tried[2]
+    few = C.Interactions.of(engagements(rng, users=300, per_user=6, groups=2, per_group=12),
+                            ("user",), ("product",), max_items=200)
+    h = C.Holdout.at_time(few, few.quantile_time(0.8))
+    h.ease(10.0)
+    assert h.choose_rank(0.0, (8, 16))[0] == 8
 
 
 def test_the_holdout_weighs_recent_items_more_when_tastes_drift():
     """Users who buy from one group of items, then move to another and stay there: the
-    holdout's new items are the second group's, so it prefers a short tau (weighing the first
-    group down) to weighing all alike. Groups of 40 items, so that Recall@20 can miss."""
+    holdout's new items are the second group's, so a short tau (weighing the first
+    group down) to weighing all alike: the block ranks better with it. Groups of 40 items, so that Recall@20 can miss."""
     rng = np.random.default_rng(3)
     n_groups, per_group, day = 5, 40, C.DAY_MS
     pairs = []
@@ -252,8 +268,9 @@ def test_the_holdout_weighs_recent_items_more_when_tastes_drift():
                               t * day))
     data = C.Interactions.of(sorted(pairs, key=lambda p: p[2]), ("user",), ("product",), 200)
     h = C.Holdout.at_time(data, data.quantile_time(0.75))
-    days, tried = h.choose_recency(10.0, (0.0, 5.0))
-    assert days == 5.0 and tried[5.0] > tried[0.0] + 0.05, tried
+    b = h.ease(10.0)
+    tried = {d: h.recall(np.asarray(h.queries(d) @ b)) for d in (0.0, 5.0)}
+    assert tried[5.0] > tried[0.0] + 0.05, tried
 
 
 def test_nothing_to_fit_gives_no_block():

@@ -5,13 +5,11 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-from hirflow.encoder.collaborative import FIT_RULES, RECENCY_RULES, CollaborativeConfig
+from hirflow.encoder.collaborative import CollaborativeConfig
 from hirflow.encoder.model import EncoderConfig
 from hirflow.encoder.quantize import QuantizerConfig
 from hirflow.state.config import ConfigError
 from hirflow.streams.cli import cli
-from hirflow.streams.config import FIT_RULES as CONFIG_FIT_RULES
-from hirflow.streams.config import RECENCY_RULES as CONFIG_RECENCY_RULES
 from hirflow.streams.config import EncoderSection, QuantizerSection, TrainSection, load
 from hirflow.streams.train_options import TRAIN_FIELDS, run_options
 from hirflow.trainer.runs import RunOptions
@@ -37,8 +35,7 @@ def test_file_then_env_then_flags(tmp_path):
                  '[encoder]\nd_model = 128\nlevels = [4, 16]\n[quantizer]\nm = 4\n')
     cfg = load(file=f, env={"HIRFLOW_TRAIN__SEED": "6", "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_DAYS": "45",
                             "HIRFLOW_TRAIN__COLLABORATIVE_FIT_DAYS": "30",
-                            "HIRFLOW_TRAIN__COLLABORATIVE_FIT_RULE": "choose",
-                            "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_RULE": "choose",
+                            "HIRFLOW_TRAIN__COLLABORATIVE_RANK": "64",
                             "HIRFLOW_TRAIN__COLLABORATIVE_WEIGHT_WINDOWS": "3",
                             "HIRFLOW_TRAIN__COLLABORATIVE_NEXT_WEIGHT": "0.5"},
                overrides={"train.objective": "bce"})
@@ -46,8 +43,8 @@ def test_file_then_env_then_flags(tmp_path):
     assert (opts.train.passes, opts.train.seed, opts.train.objective) == (3, 6, "bce")
     assert opts.train.collaborative.recency_days == 45.0 and opts.train.collaborative.weight is None
     assert opts.train.collaborative.fit_days == 30.0
-    assert opts.train.collaborative.fit_rule == "choose"
-    assert opts.train.collaborative.recency_rule == "choose"
+    assert opts.train.collaborative.rank == 64 and opts.train.collaborative.ranks() == (64,)
+    assert run_options(load(env={})).train.collaborative.ranks() == CollaborativeConfig().rank_grid
     assert opts.train.collaborative.weight_windows == 3
     assert opts.train.collaborative.next_weight == 0.5
     assert opts.train.collaborative.next_periods == CollaborativeConfig().next_periods == 2
@@ -63,10 +60,8 @@ def test_file_then_env_then_flags(tmp_path):
                                         "collaborative_recency_days"),
                                        ({"train": {"collaborative_fit_days": -1}},
                                         "collaborative_fit_days"),
-                                       ({"train": {"collaborative_fit_rule": "mean"}},
-                                        "collaborative_fit_rule"),
-                                       ({"train": {"collaborative_recency_rule": "mean"}},
-                                        "collaborative_recency_rule"),
+                                       ({"train": {"collaborative_rank": -1}},
+                                        "collaborative_rank"),
                                        ({"train": {"collaborative_weight_windows": 0}},
                                         "collaborative_weight_windows"),
                                        ({"train": {"collaborative_next_periods": -1}},
@@ -91,7 +86,3 @@ def test_train_flags_override_the_file(tmp_path):
     r = CliRunner().invoke(cli, ["--config", str(f), "train", "--passes", "2", "--no-knowledge",
                                  "--out", str(tmp_path / "ck"), "--input", str(events)])
     assert r.exit_code == 1 and "passes" not in r.output and "no engagement events" in r.output
-
-
-def test_the_config_offers_the_rules_the_block_knows():
-    assert CONFIG_FIT_RULES == FIT_RULES and CONFIG_RECENCY_RULES == RECENCY_RULES

@@ -56,7 +56,7 @@ def test_the_weight_is_chosen_on_every_window_s_users_together(world):
     assert tried[str(choice["weight"])] == max(tried.values())
     # lambda, the fit and the users' weights are the last window's own
     last_alone = C.Holdout.at_time(fit.data, last)
-    assert choice["l2"] == last_alone.choose_fit(fit.cfg.l2_grid, fit.cfg.fits())[0]
+    assert choice["l2"] == last_alone.choose_fit(fit.cfg.l2_grid, (fit.cfg.fit_taus(fit.window_days),))[0]
 
 
 def test_a_window_s_truth_ends_where_the_next_window_starts(world):
