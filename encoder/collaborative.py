@@ -53,7 +53,7 @@ class CollaborativeConfig:
     weight: float | None = None      # block score spread / encoder score spread (None: chosen
                                      # on the holdout from `weight_grid`)
     weight_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
-    l2_grid: tuple[float, ...] = (30.0, 100.0, 300.0, 1000.0, 3000.0)   # EASE^R lambdas tried
+    l2_grid: tuple[float, ...] = (30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0)   # EASE^R lambdas
     holdout: float = 0.1             # last share of the training window's engagements that
                                      # chooses lambda and the weight
     weight_windows: int = 1          # successive holdout windows (each a `holdout` share, the
