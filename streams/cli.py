@@ -18,7 +18,7 @@ from hirflow.streams import logs
 log = logging.getLogger("hirflow")
 
 
-FILE_FORMATS = ["jsonl", "csv", "taobao", "online-retail"]   # streams.replay.FORMATS
+FILE_FORMATS = ["jsonl", "csv", "taobao", "online-retail", "ciaodvd", "yoochoose"]   # replay.FORMATS
 
 
 def _parse_sets(sets: tuple[str, ...]) -> dict[str, str]:
