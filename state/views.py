@@ -124,9 +124,12 @@ class RecordCache:
         if missing:
             for n, s in zip(missing, self.reader.states(missing)):
                 records[n] = s
-            while len(records) > self.size:
-                records.popitem(last=False)
-        return {n: records[n] for n in ids}
+        out = {n: records[n] for n in ids}
+        # forgotten after the answer is taken: a request larger than what is left of the
+        # cache (or one whose cached ids are the oldest) still gets every record it asked for
+        while len(records) > self.size:
+            records.popitem(last=False)
+        return out
 
     def drop(self, ids, defer_free: bool = False) -> None:
         for n in ids:

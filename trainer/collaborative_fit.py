@@ -7,7 +7,7 @@ are added until they judge `min_holdout_users` users with a history (a quiet dat
 tenth may hold a few dozen). Only users with a history are judged (an empty block is the
 same at every setting); with `SchemaConfig.session_users`, a session first seen in a window
 is judged on its later half there given its earlier half. On the last window, by the block
-alone: EASE^R's lambda, the next-period weight (above 0 only on a clear lead) and the rank
+alone: EASE^R's lambda with its fit (recency scales summed, or binary), the next-period weight (above 0 only on a clear lead) and the rank
 (wider only on a clear lead). The trainer visits chunks in time order, so when it reaches a
 window's first chunk the student has seen nothing from it: `choose` embeds the window's users
 and the items as of that chunk's start and scores each part alone and their mixes; the
@@ -132,7 +132,7 @@ class CollaborativeFit:
     def _score(self, h: C.Holdout, student: HierarchicalEncoder, cutoff: int, texts, dev) -> dict:
         """On one window: lambda with the fit, the users' item weights, and each judged user's
         Recall@20 per weight of the grid (none when the weight is configured)."""
-        lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, (self.cfg.fit_taus(self.window_days),))
+        lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, self.cfg.fits(self.window_days))
         days = self.cfg.recency_taus(self.window_days)
         next_weight, next_tried = h.choose_next(lam, fit_days, days, self.next_base,
                                                 self.cfg.next_weights())
@@ -204,7 +204,7 @@ class CollaborativeFit:
             choice = dict(choice, weight=C.BLOCK_ALONE, why="the encoder collapsed: the block alone")
         if choice is None:
             h = self._holdout(self.start)
-            fit_days = self.cfg.fit_taus(self.window_days)
+            fit_days = self.cfg.fits(self.window_days)[0]
             lam = h.choose_fit(self.cfg.l2_grid, (fit_days,))[0] if h.usable \
                 else sorted(self.cfg.l2_grid)[len(self.cfg.l2_grid) // 2]
             weight = self.cfg.weight if self.cfg.weight is not None else DEFAULT_WEIGHT

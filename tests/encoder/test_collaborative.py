@@ -225,9 +225,9 @@ def test_recency_scales_are_multiples_of_the_holdout_window_unless_fixed():
     """Each data set's own clock: the same multiples give days on a shop's year, hours on a
     day of sessions; a fixed tau is that tau; the ranks offered follow the config."""
     c = C.CollaborativeConfig()
-    assert c.fit_taus(16.0) == tuple(16.0 * m for m in c.fit_windows)
+    assert c.fits(16.0) == (tuple(16.0 * m for m in c.fit_windows), 0.0)
     assert c.recency_taus(0.5) == tuple(0.5 * m for m in c.recency_windows)
-    assert C.CollaborativeConfig(fit_days=7.0).fit_taus(16.0) == 7.0
+    assert C.CollaborativeConfig(fit_days=7.0).fits(16.0) == (7.0,)
     assert C.CollaborativeConfig(recency_days=0.0).recency_taus(16.0) == 0.0
     assert c.ranks() == (128, 256, 512) and C.CollaborativeConfig(rank=64).ranks() == (64,)
     assert not C.CollaborativeConfig(rank=0).enabled

@@ -149,3 +149,22 @@ def test_table_rows_match_their_definition_edge_by_edge(tmp_path):
                 assert np.isclose(st[1], math.log1p(deg[OUT])) and np.isclose(st[2], math.log1p(deg[IN]))
                 assert np.isclose(st[6], math.log1p(recent), rtol=1e-6)
                 assert st[0] == np.float32(math.log1p(s.events))
+
+
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(1, 6), requests=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=10),
+                                                  min_size=1, max_size=6))
+def test_the_record_cache_answers_every_request_whatever_its_size(size, requests):
+    """A request holding cached ids that are the oldest, or more ids than the cache holds,
+    still gets every record (the cache forgets after answering)."""
+    from hirflow.state.views import RecordCache
+
+    class Reader:
+        def states(self, ids):
+            return [f"state of {n}" for n in ids]
+
+    cache = RecordCache(Reader(), size)
+    for req in requests:
+        ids = [f"n:{i}" for i in req]
+        assert cache.get(ids) == {n: f"state of {n}" for n in ids}
+        assert len(cache._records) <= size

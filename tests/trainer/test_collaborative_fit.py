@@ -52,11 +52,15 @@ def test_the_weight_is_chosen_on_every_window_s_users_together(world):
     for k, pooled in choice["weight_recall@20"].items():
         own = [w["weight_recall@20"][k] for w in choice["windows"]]
         assert pooled == pytest.approx(np.average(own, weights=users), abs=1e-4)
-    tried = choice["weight_recall@20"]
-    assert tried[str(choice["weight"])] == max(tried.values())
+    # the served weight is what the part rule makes of the pooled users
+    pooled = {k: np.concatenate([np.asarray(w["per_user_recall@20"][k]) for w in fit.windows])
+              for k in fit.windows[-1]["per_user_recall@20"]}
+    popularity = pooled.pop("popularity")
+    weight, _, why = C.choose_parts({float(k): v for k, v in pooled.items()}, popularity)
+    assert choice["weight"] == weight and choice["why"] == why
     # lambda, the fit and the users' weights are the last window's own
     last_alone = C.Holdout.at_time(fit.data, last)
-    assert choice["l2"] == last_alone.choose_fit(fit.cfg.l2_grid, (fit.cfg.fit_taus(fit.window_days),))[0]
+    assert choice["l2"] == last_alone.choose_fit(fit.cfg.l2_grid, fit.cfg.fits(fit.window_days))[0]
 
 
 def test_a_window_s_truth_ends_where_the_next_window_starts(world):
