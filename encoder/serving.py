@@ -11,6 +11,7 @@ one; assignments come from the encoder's coordinates, tokens from the whole embe
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -28,6 +29,8 @@ from hirflow.state.index import NO_PRIMITIVE
 from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map
 from hirflow.state.view_pool import PreparedParts
 from hirflow.state.views import View
+
+log = logging.getLogger(__name__)
 
 COLD_MODEL_ID = "cold-start"
 
@@ -59,6 +62,8 @@ class ServingModel:
     quantizer: BoMQuantizer | None = None
     cold: "ColdStart | None" = None
     collab: "collaborative.CollaborativeBlock | None" = None
+    collapsed: bool = False          # the trainer found the encoder's item directions
+                                     # collapsed: its part only breaks the block's ties
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: torch.device | None = None) -> "ServingModel":
@@ -87,8 +92,14 @@ class ServingModel:
                                        f"embeddings of width {d}")
         quant = BoMQuantizer.from_codebooks(ck.codebooks, qcfg)
         model = model.to(device or default_device()).eval()
+        collapsed = bool((ck.manifest.get("collapse") or {}).get("collapsed"))
+        if collapsed:
+            log.warning("%s: its encoder collapsed in training (item directions' mean cosine "
+                        "%s); the collaborative block carries its ranking", ck.id,
+                        ck.manifest["collapse"].get("mean_cosine"))
         return cls(ck.id, str(Path(path).resolve()), d, qcfg.m, qcfg.nbits,
-                   len(cfg.levels), encoder=model, quantizer=quant, collab=block)
+                   len(cfg.levels), encoder=model, quantizer=quant, collab=block,
+                   collapsed=collapsed)
 
     @classmethod
     def cold_start(cls, type_names: Sequence[str], d: int = 64, m: int = 8, nbits: int = 8,

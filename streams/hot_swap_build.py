@@ -34,7 +34,7 @@ from hirflow.state.supergraph import SuperGraph
 from hirflow.streams import changes
 from hirflow.streams.config import RefreshConfig
 from hirflow.streams.generation_writer import GenerationWriter
-from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_SWITCHES, MODEL_INFO,
+from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_SWITCHES, MODEL_COLLAPSED, MODEL_INFO,
                                      NODES_REFRESHED, SWAP_PROGRESS)
 from hirflow.streams.rate_budget import RateBudget
 from hirflow.streams.serving_snapshot import ServingSnapshot, empty_memory
@@ -237,10 +237,11 @@ class HotSwapBuild:
         self.building = None
         self._announce = b.memory.live_ids()
         INDEX_SWITCHES.inc()
-        try:
-            MODEL_INFO.remove(old.model.id)
-        except KeyError:
-            pass
+        for gauge in (MODEL_INFO, MODEL_COLLAPSED):
+            try:
+                gauge.remove(old.model.id)
+            except KeyError:
+                pass
         self.index.clear_generation(old.gen)
         self.supergraph.clear_generation(old.gen)
         log.info("switched to %s: generation %d serving %d nodes (hot swap took %.1fs)",

@@ -72,6 +72,9 @@ INDEX_SWITCHES = Counter("hirflow_index_switches_total", "Index generations swit
                          registry=REGISTRY)
 MODEL_INFO = Gauge("hirflow_model_info", "The model serving (value 1)", ["model"],
                    registry=REGISTRY)
+MODEL_COLLAPSED = Gauge("hirflow_model_encoder_collapsed",
+                        "1 when the serving model's encoder collapsed in training (its part "
+                        "is not served: the collaborative block ranks)", ["model"], registry=REGISTRY)
 SWAP_PROGRESS = Gauge("hirflow_hot_swap_progress",
                       "Fraction of nodes re-encoded for the checkpoint being swapped in "
                       "(1 when none is building)", registry=REGISTRY)

@@ -48,8 +48,8 @@ from hirflow.streams.config import HirflowConfig
 from hirflow.streams.cores import default_sample_processes
 from hirflow.streams.generation_writer import GenerationWriter
 from hirflow.streams.hot_swap_build import HotSwapBuild
-from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_GENERATION, INDEX_NODES, MODEL_INFO,
-                                     NEIGHBOR_REQUESTS, NODES_REFRESHED, PEER_READS, REFRESH_BATCH,
+from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_GENERATION, INDEX_NODES,
+                                     MODEL_COLLAPSED, MODEL_INFO, NEIGHBOR_REQUESTS, NODES_REFRESHED, PEER_READS, REFRESH_BATCH,
                                      REFRESH_SECONDS, SWAP_PROGRESS, VIEW_SAMPLE_SECONDS,
                                      VIEW_WAIT_SECONDS)
 from hirflow.streams.neighbor_forward import NeighborForwarder, NeighborInbox
@@ -307,6 +307,7 @@ class RefreshLoop:
         INDEX_NODES.set(len(serving.memory))
         INDEX_GENERATION.set(serving.gen)
         MODEL_INFO.labels(serving.model.id).set(1)
+        MODEL_COLLAPSED.labels(serving.model.id).set(int(serving.model.collapsed))
         if self.swap.building is None:
             SWAP_PROGRESS.set(1.0)
 

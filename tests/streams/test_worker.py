@@ -154,7 +154,8 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path, workers):
         assert set(json.loads(w.get("/openapi.json")[1])["paths"]) >= {"/v1/retrieve", "/v1/nodes/{node}"}
         m = w.metrics()
         for name in ("hirflow_freshness_seconds_count", "hirflow_refresh_batch_seconds_count",
-                     "hirflow_index_nodes", "hirflow_model_info", "hirflow_hot_swap_progress"):
+                     "hirflow_index_nodes", "hirflow_model_info", "hirflow_model_encoder_collapsed",
+                     "hirflow_hot_swap_progress"):
             assert name in m, name
     finally:
         assert w.stop() == 0
