@@ -331,7 +331,7 @@ def _text_encode(enabled: bool):
               help="Entity file (texts for world knowledge), e.g. entities.jsonl of `hirflow synth`.")
 @click.option("--cutoff", help="Use events up to this time (ms or YYYY-MM-DD; default: now).")
 @click.option("--train-share", type=float,
-              help="Share of the events, in time order, used for training (then 10%% validation, "
+              help="Share of the events, in time order, used for training (then 10% validation, "
                    "the rest test) [train.train_share, 0.8].")
 @click.option("--fit-validation/--no-fit-validation", default=None,
               help="Fit on the training and validation windows, everything before the test "
@@ -440,7 +440,7 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, fit_val
 @click.option("--category-labels", is_flag=True,
               help="Use `belongs_to` categories (Taobao) as the labels for NMI / ARI.")
 @click.option("--train-share", type=float,
-              help="Training share of the events in time order; then 10%% validation (where "
+              help="Training share of the events in time order; then 10% validation (where "
                    "baselines are tuned), the rest is the test window [train.train_share, 0.8].")
 @click.option("--quick-baselines", is_flag=True,
               help="One or two grid points per baseline instead of the full validation search.")
