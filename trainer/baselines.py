@@ -1,9 +1,10 @@
 """The baselines a recommender engineer already has, each with a small hyper-parameter grid
 that is searched on the validation window only (never on test).
 
-Every baseline fits on the users x items history (`RankingTask.history`, binary; its times
-`last_ts` where a baseline weighs by recency) and scores the task's evaluated users against
-all candidate items:
+Every baseline fits on the users x items history (`RankingTask.fit_history`, binary; its
+times `fit_last_ts` where a baseline weighs by recency: everything before the window) and
+scores the task's evaluated users, from their rows of `history`, against all candidate
+items:
 - ``popularity``: how many users engaged each item before the window;
 - ``popularity_recent``: users who engaged each item in the last `days` before the window
   (what is trending; the grid picks the span);
@@ -47,10 +48,10 @@ def on_head(score: Scorer) -> Scorer:
     def scored(task: RankingTask, params: Mapping) -> np.ndarray:
         if len(task.items) <= MAX_DENSE_ITEMS:
             return score(task, params)
-        pop = np.asarray(task.history.sum(0), np.float64).ravel()
+        pop = np.asarray(task.fit_history.sum(0), np.float64).ravel()
         head = np.sort(np.argsort(-pop, kind="stable")[:MAX_DENSE_ITEMS])
         sub = replace(task, items=[task.items[i] for i in head], history=task.history[:, head].tocsr(),
-                      last_ts=task.last_ts[:, head].tocsr())
+                      last_ts=task.last_ts[:, head].tocsr())   # `fitted` carries over
         s = np.asarray(score(sub, params), np.float64)
         out = np.empty((task.n_eval, len(task.items)))
         out[:] = (s.min() if s.size else 0.0) - 1.0 + pop / (pop.max() + 1.0)
@@ -61,13 +62,13 @@ def on_head(score: Scorer) -> Scorer:
 
 
 def popularity(task: RankingTask, params: Mapping) -> np.ndarray:
-    pop = np.asarray(task.history.sum(0)).ravel()
+    pop = np.asarray(task.fit_history.sum(0)).ravel()
     return np.broadcast_to(pop, (task.n_eval, len(pop)))
 
 
 @on_head
 def item_knn(task: RankingTask, params: Mapping) -> np.ndarray:
-    r = task.history
+    r = task.fit_history
     norms = np.sqrt(np.asarray(r.multiply(r).sum(0)).ravel()) + 1e-9
     sim = (r.T @ r).toarray() / norms[:, None] / norms[None, :]
     np.fill_diagonal(sim, 0.0)
@@ -75,13 +76,12 @@ def item_knn(task: RankingTask, params: Mapping) -> np.ndarray:
     if k < sim.shape[0]:                        # keep each item's k nearest neighbours
         cut = np.partition(sim, -k, axis=0)[-k]
         sim = np.where(sim >= cut[None, :], sim, 0.0)
-    return np.asarray(r[task.eval_users] @ sim)
+    return np.asarray(task.history[task.eval_users] @ sim)
 
 
 @on_head
 def ease(task: RankingTask, params: Mapping) -> np.ndarray:
-    r = task.history
-    return np.asarray(r[task.eval_users] @ ease_weights(r, params["lam"]))
+    return np.asarray(task.history[task.eval_users] @ ease_weights(task.fit_history, params["lam"]))
 
 
 @on_head
@@ -91,7 +91,7 @@ def ease_recent(task: RankingTask, params: Mapping) -> np.ndarray:
     sum to the number of pairs (lambda keeps its binary scale); users' rows binary, as in
     `ease`; the weights are the block's own fit weights (`encoder.collaborative.fit_weighted`).
     Recent co-purchases count more: a catalogue and its seasons move."""
-    last = task.last_ts.tocoo()
+    last = task.fit_last_ts.tocoo()
     x = fit_weighted(last.row, last.col, last.data, last.shape, params["days"])
     return np.asarray(task.history[task.eval_users] @ ease_weights(x, params["lam"]))
 
@@ -102,18 +102,26 @@ def als(task: RankingTask, params: Mapping) -> np.ndarray:
     with threadpool_limits(1, "blas"):           # implicit's own threads do the work
         model = AlternatingLeastSquares(factors=params["factors"], regularization=params["reg"],
                                         alpha=params["alpha"], iterations=15, random_state=0)
-        model.fit(sp.csr_matrix(task.history), show_progress=False)
-    return model.user_factors[task.eval_users] @ model.item_factors.T
+        model.fit(sp.csr_matrix(task.fit_history), show_progress=False)
+        users = model.user_factors[task.eval_users]
+        if task.fitted is not None:              # users it was not fitted on: folded in
+            new = ~task.fitted[task.eval_users]
+            if new.any():
+                rows = task.eval_users[new]
+                users = users.copy()
+                users[new] = model.recalculate_user(rows, sp.csr_matrix(task.history[rows]))
+    return users @ model.item_factors.T
 
 
 @on_head
 def lightgcn_propagation(task: RankingTask, params: Mapping) -> np.ndarray:
-    r = task.history
+    r = task.fit_history
+    rows = task.history[task.eval_users]
     du = np.asarray(r.sum(1)).ravel() + 1e-9
     di = np.asarray(r.sum(0)).ravel() + 1e-9
     rn = sp.diags(du ** -0.5) @ r @ sp.diags(di ** -0.5)
     p = (rn.T @ rn).toarray()                   # (I, I) normalised item-item propagation
-    s = np.asarray(r[task.eval_users] @ p)
+    s = np.asarray(rows @ p)
     for _ in range(params["layers"] - 1):
         s = s @ p
     if params["alpha"] > 0:                     # ideal low-pass part: top singular vectors
@@ -123,14 +131,14 @@ def lightgcn_propagation(task: RankingTask, params: Mapping) -> np.ndarray:
         n = min(r.shape)
         _, _, vt = sp.linalg.svds(rn.astype(np.float64), k=min(params["rank"], n - 1),
                                   v0=np.full(n, n ** -0.5))
-        ideal = (r[task.eval_users] @ sp.diags(di ** -0.5)).toarray() @ vt.T @ vt * (di ** 0.5)[None, :]
+        ideal = (rows @ sp.diags(di ** -0.5)).toarray() @ vt.T @ vt * (di ** 0.5)[None, :]
         s = s + params["alpha"] * ideal
     return s
 
 
 def popularity_recent(task: RankingTask, params: Mapping) -> np.ndarray:
     """Users who engaged each item in the last `days` before the window."""
-    last = task.last_ts
+    last = task.fit_last_ts
     recent = sp.csr_matrix((last.data >= -params["days"] * 86_400_000.0, last.indices, last.indptr),
                            shape=last.shape)
     pop = np.asarray(recent.sum(0)).ravel().astype(np.float64)

@@ -33,10 +33,27 @@ class RankingTask:
     truth: list[np.ndarray]          # per evaluated user, the new items' indices
     repeats: int                     # positives in the window on items the user had engaged
     new: int                         # positives in the window on new items (what is ranked)
+    fitted: np.ndarray | None = None  # (U,) users whose rows a model may be fitted on (None:
+                                      # all); sessions judged from their first half in the
+                                      # window are scored from it, never fitted on it
 
     @property
     def n_eval(self) -> int:
         return len(self.eval_users)
+
+    @property
+    def fit_history(self) -> sp.csr_matrix:
+        """`history` with the rows no model may be fitted on emptied."""
+        return self.history if self.fitted is None else self._fitted_rows(self.history)
+
+    @property
+    def fit_last_ts(self) -> sp.csr_matrix:
+        return self.last_ts if self.fitted is None else self._fitted_rows(self.last_ts)
+
+    def _fitted_rows(self, m: sp.csr_matrix) -> sp.csr_matrix:
+        out = (sp.diags(self.fitted.astype(m.dtype)) @ m).tocsr()
+        out.eliminate_zeros()
+        return out
 
 
 def session_prefixes(events: Iterable[Engagement], lo: int, hi: int, positive: Collection[str],
@@ -70,7 +87,8 @@ def ranking_task(events: Iterable[Engagement], lo: int, hi: int, positive: Colle
                  prefix: Sequence[Engagement] = ()) -> RankingTask:
     """The task of window [lo, hi): history from the events before `lo` (all of them, as a
     served model knows everything before the window) and the `prefix` events inside it
-    (`session_prefixes`), truth from the rest of [lo, hi)."""
+    (`session_prefixes`: rows a model scores from but is not fitted on), truth from the rest
+    of [lo, hi)."""
     before, during = [], []
     known_items: set[str] = set()
     early = {_key(e) for e in prefix}
@@ -113,9 +131,13 @@ def ranking_task(events: Iterable[Engagement], lo: int, hi: int, positive: Colle
         else:
             truth.setdefault(u, set()).add(i)
     eval_users = np.array(sorted(truth), np.int64)
+    fitted = None
+    if early:        # models are fitted on what happened before the window, as served ones are
+        fitted = np.zeros(len(users), bool)
+        fitted[[ui[e.src] for e in before if e.ts < lo]] = True
     return RankingTask(lo, users, items, hist, last, eval_users,
                        [np.array(sorted(truth[u]), np.int64) for u in eval_users], repeats,
-                       sum(len(t) for t in truth.values()))
+                       sum(len(t) for t in truth.values()), fitted)
 
 
 def per_user_metrics(scores: np.ndarray, task: RankingTask, ks: Sequence[int],

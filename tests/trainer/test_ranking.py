@@ -178,3 +178,26 @@ def test_a_dense_baseline_on_a_large_catalogue_fits_its_head_and_ranks_the_rest_
     assert capped[:, rest].max() < capped[:, head].min()            # the head ranks first
     order = rest[np.argsort(-capped[0, rest], kind="stable")]
     assert (np.diff(pop[order]) <= 0).all()                         # the rest by popularity
+
+
+@pytest.mark.parametrize("b", B.STANDARD, ids=lambda b: b.name)
+def test_baselines_score_sessions_from_their_first_half_but_fit_on_the_past(b):
+    """A session judged from its first half in the window: no baseline is fitted on any
+    session's first half (a model is fitted on the past), so one session's scores do not move
+    when another session's first half changes."""
+    rng = np.random.default_rng(1)
+    past = [Engagement(f"session:p{s}", f"product:{int(i)}", "click", int(t))
+            for s in range(60) for i, t in zip(rng.integers(0, 12, 3), rng.integers(0, 90, 3))]
+
+    def scores(other_items):
+        now = [Engagement("session:a", "product:1", "click", 100), Engagement("session:a", "product:2", "click", 101),
+               Engagement("session:a", "product:3", "click", 102), Engagement("session:a", "product:4", "click", 103)]
+        now += [Engagement("session:b", f"product:{i}", "click", 110 + k) for k, i in enumerate(other_items)]
+        evs = sorted(past + now, key=lambda e: e.ts)
+        prefix = session_prefixes(evs, 100, 200, {"click"}, "session")
+        task = ranking_task(evs, 100, 200, {"click"}, {"product"}, "session", prefix)
+        assert not task.fitted[task.users.index("session:a")]
+        a = [task.users[u] for u in task.eval_users].index("session:a")
+        return b.score(task, b.grid[0])[a]
+
+    np.testing.assert_allclose(scores([5, 6, 7, 8]), scores([9, 10, 11, 0]), rtol=1e-5, atol=1e-6)
