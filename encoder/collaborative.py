@@ -34,6 +34,7 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import svds
 
 from hirflow.encoder.next_period import NextPeriod, binary, first_engagements, next_period_weights
+from hirflow.encoder.propagation import Propagation, propagation_weights
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.schema import node_type
 
@@ -95,6 +96,13 @@ class CollaborativeConfig:
                                          # holdout from `next_grid` by the block alone, above
                                          # the lightest only on a clear lead)
     next_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
+    propagation_layers: int = 2      # layers of the graph propagation added to the block
+                                     # (`encoder.propagation`; 0: none)
+    propagation_weight: float | None = None   # its score spread over the rest of the block's
+                                              # (None: chosen on the holdout from
+                                              # `propagation_grid` by the block alone, above
+                                              # the lightest only on a clear lead)
+    propagation_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
 
     def __post_init__(self) -> None:
         if (self.rank is not None and self.rank < 0) or not self.rank_grid \
@@ -111,7 +119,10 @@ class CollaborativeConfig:
                 or not self.fit_windows or min(self.fit_windows) < 0 \
                 or self.next_periods < 0 or self.next_l2 <= 0 \
                 or (self.next_weight is not None and self.next_weight < 0) \
-                or not self.next_grid or min(self.next_grid) < 0:
+                or not self.next_grid or min(self.next_grid) < 0 \
+                or self.propagation_layers < 0 \
+                or (self.propagation_weight is not None and self.propagation_weight < 0) \
+                or not self.propagation_grid or min(self.propagation_grid) < 0:
             raise ValueError("collaborative: rank >= 0 or None, rank_grid >= 1, weight >= 0 or "
                              "None, max_items >= 2, holdout in (0, 1), weight_windows >= 1 with "
                              "holdout x weight_windows < 1, min_holdout_users >= 0, "
@@ -119,7 +130,9 @@ class CollaborativeConfig:
                              f"weight_grid (>= 0), factorization one of {FACTORIZATIONS}, "
                              "recency_days and fit_days >= 0 or None, non-empty recency_windows "
                              "and fit_windows (>= 0), next_periods >= 0, next_l2 > 0, "
-                             "next_weight >= 0 or None, non-empty next_grid (>= 0)")
+                             "next_weight >= 0 or None, non-empty next_grid (>= 0), "
+                             "propagation_layers >= 0, propagation_weight >= 0 or None, "
+                             "non-empty propagation_grid (>= 0)")
 
     @property
     def enabled(self) -> bool:
@@ -135,6 +148,14 @@ class CollaborativeConfig:
         if self.next_periods == 0:
             return (0.0,)
         return (self.next_weight,) if self.next_weight is not None else tuple(self.next_grid)
+
+    def propagation_weights(self) -> tuple[float, ...]:
+        """The propagation's weights the holdout chooses among (one when configured; (0,)
+        without layers)."""
+        if self.propagation_layers == 0:
+            return (0.0,)
+        return (self.propagation_weight,) if self.propagation_weight is not None \
+            else tuple(self.propagation_grid)
 
     def fits(self, window_days: float) -> tuple[float | tuple[float, ...], ...]:
         """EASE^R's fits the holdout chooses among, with lambda: the taus (`fit_windows` x
@@ -343,18 +364,26 @@ def score_rms(b: np.ndarray, gram: np.ndarray, shape) -> float:
 
 def block_weights(rows: np.ndarray, cols: np.ndarray, t: np.ndarray, shape, lam: float,
                   fit: float | Sequence[float], nxt: NextPeriod | None = None,
-                  end: int | None = None) -> np.ndarray:
+                  end: int | None = None, prop: Propagation | None = None) -> np.ndarray:
     """The block's (I, I) item-item weights: EASE^R's (`ease_scales`), plus, when `nxt` is
     active, the next-period regression's (`encoder.next_period`, periods ending at `end`,
-    None: just after the last pair), each at unit score spread over the pairs' users and
-    the second times `nxt.weight`."""
+    None: just after the last pair), plus, when `prop` is active, the graph propagation's
+    (`encoder.propagation`); each added at unit score spread over the pairs' users times its
+    weight."""
     b = ease_scales(rows, cols, t, shape, lam, fit)
-    if nxt is None or not nxt.active or not len(t):
+    if not len(t):
         return b
-    end = int(np.max(t)) + 1 if end is None else int(end)
-    n = next_period_weights(rows, cols, t, shape, nxt.l2, nxt.periods, nxt.span, end)
-    gram = users_gram(rows, cols, shape)
-    return blend(b, n, (score_rms(b, gram, shape), score_rms(n, gram, shape)), nxt.weight)
+    gram = None
+    if nxt is not None and nxt.active:
+        end = int(np.max(t)) + 1 if end is None else int(end)
+        n = next_period_weights(rows, cols, t, shape, nxt.l2, nxt.periods, nxt.span, end)
+        gram = users_gram(rows, cols, shape)
+        b = blend(b, n, (score_rms(b, gram, shape), score_rms(n, gram, shape)), nxt.weight)
+    if prop is not None and prop.active:
+        p = propagation_weights(rows, cols, shape, prop.layers)
+        gram = users_gram(rows, cols, shape) if gram is None else gram
+        b = blend(b, p, (score_rms(b, gram, shape), score_rms(p, gram, shape)), prop.weight)
+    return b
 
 
 def blend(b: np.ndarray, n: np.ndarray, spreads: tuple[float, float], weight: float) -> np.ndarray:
@@ -499,6 +528,8 @@ class Holdout:
     judged: np.ndarray
     truth: list[np.ndarray]
     history: tuple[np.ndarray, np.ndarray, np.ndarray]
+    prop: Propagation | None = None  # the graph propagation added to them (None: none;
+                                     # `choose_propagation`)
     nxt: NextPeriod | None = None    # the next-period part added to EASE^R's weights, its
                                      # periods ending at `at` (None: none; `choose_next`)
     _ease: tuple[tuple, np.ndarray] | None = field(default=None, repr=False)  # last solve
@@ -569,10 +600,10 @@ class Holdout:
         """The block's weights on the pairs before `at` (`block_weights`: EASE^R with `lam`
         and fit `fit_days`, one tau or several, plus the next-period part), the last solve
         kept for the choices that follow."""
-        key = (lam, taus_of(fit_days), self.nxt)
+        key = (lam, taus_of(fit_days), self.nxt, self.prop)
         if self._ease is None or self._ease[0] != key:
             self._ease = (key, block_weights(*self.history, self.before.shape, lam, fit_days,
-                                             self.nxt, self.at))
+                                             self.nxt, self.at, self.prop))
         return self._ease[1]
 
     def choose_next(self, lam: float, fit_days: float | Sequence[float],
@@ -601,7 +632,33 @@ class Holdout:
         if not clear_lead(per_user[best], per_user[lightest]):
             best = lightest
         self.nxt = replace(base, weight=best)
-        self._ease = ((lam, taus_of(fit_days), self.nxt), blend(b, n, spreads, best))
+        self._ease = ((lam, taus_of(fit_days), self.nxt, self.prop), blend(b, n, spreads, best))
+        return best, tried
+
+    def choose_propagation(self, lam: float, fit_days: float | Sequence[float],
+                           recency_days: float | Sequence[float], layers: int,
+                           grid: Sequence[float]) -> tuple[float, dict[float, float]]:
+        """The graph propagation's weight (`encoder.propagation`, `layers` layers), added to
+        the block's weights so far (EASE^R and the chosen next-period part), by the holdout
+        Recall@20 of the block alone, as `choose_next` chooses: the best, kept only on a clear
+        lead over the grid's lightest weight. The holdout keeps the chosen part (`prop`):
+        -> (weight, Recall@20 per weight)."""
+        self.prop = None
+        if layers <= 0 or max(grid) <= 0:
+            return min(grid), {}
+        b = self.ease(lam, fit_days)
+        p = propagation_weights(self.history[0], self.history[1], self.before.shape, layers)
+        gram = users_gram(self.history[0], self.history[1], self.before.shape)
+        spreads = score_rms(b, gram, self.before.shape), score_rms(p, gram, self.before.shape)
+        queries = self.queries(recency_days)
+        per_user = {w: self.per_user(np.asarray(queries @ blend(b, p, spreads, w))) for w in grid}
+        tried = {w: float(r.mean()) for w, r in per_user.items()}
+        best = max(tried, key=tried.get)
+        lightest = min(grid)
+        if not clear_lead(per_user[best], per_user[lightest]):
+            best = lightest
+        self.prop = Propagation(layers, best)
+        self._ease = ((lam, taus_of(fit_days), self.nxt, self.prop), blend(b, p, spreads, best))
         return best, tried
 
     def choose_rank(self, recency_days: float | Sequence[float], ranks: Sequence[int],
@@ -711,7 +768,8 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
         query_types: Sequence[str], settings: Mapping | None = None,
         unit_users: bool = True, recency_days: float | Sequence[float] = 0.0,
         fit_days: float | Sequence[float] = 0.0,
-        factorization: str = "reduced_rank", nxt: NextPeriod | None = None) -> CollaborativeBlock | None:
+        factorization: str = "reduced_rank", nxt: NextPeriod | None = None,
+        prop: Propagation | None = None) -> CollaborativeBlock | None:
     """EASE^R with `lam` on all of `data`, its pairs weighted by recency with tau `fit_days`
     (0: binary; several taus: their fits summed, `ease_scales`), cut to `rank` (at most
     items - 1) by `factorization`, unscaled (`scaled` sets its
@@ -723,7 +781,7 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
         return None
     rank = min(rank, len(data.items) - 1)
     arrays = data.arrays()
-    b = block_weights(*arrays, data.shape, lam, fit_days, nxt)
+    b = block_weights(*arrays, data.shape, lam, fit_days, nxt, prop=prop)
     q, k = factors(b, recency_weighted(*arrays, data.shape, 0.0), rank, factorization)
     extra = {"user_norm": 1.0} if unit_users else {}
     items = tuple(data.items)
@@ -739,7 +797,7 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
                               dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
                                    users=len(data.users), recency_days=taus_json(recency_days),
                                    fit_days=taus_json(fit_days), factorization=factorization,
-                                   **next_settings(nxt), **extra))
+                                   **next_settings(nxt), **propagation_settings(prop), **extra))
 
 
 FOLD_L2 = 1e-2       # the fold-in's ridge, relative to the mean eigenvalue of the users' Gram
@@ -782,6 +840,13 @@ def fold_in(users: sp.csr_matrix, query: np.ndarray, key: np.ndarray, tail: sp.c
     ratio = np.divide((query.astype(np.float64) * k64).sum(0), (k64 * k64).sum(0),
                       out=np.zeros(key.shape[1]), where=(k64 * k64).sum(0) > 0)
     return (k_tail * ratio).astype(np.float32), k_tail.astype(np.float32)
+
+
+def propagation_settings(prop: Propagation | None) -> dict:
+    """The propagation part as manifests record it (empty: none)."""
+    if prop is None or not prop.active:
+        return {}
+    return {"propagation_layers": prop.layers, "propagation_weight": prop.weight}
 
 
 def next_settings(nxt: NextPeriod | None) -> dict:

@@ -7,7 +7,7 @@ are added until they judge `min_holdout_users` users with a history (a quiet dat
 tenth may hold a few dozen). Only users with a history are judged (an empty block is the
 same at every setting); with `SchemaConfig.session_users`, a session first seen in a window
 is judged on its later half there given its earlier half. On the last window, by the block
-alone: EASE^R's lambda with its fit (recency scales summed, or binary), the next-period weight (above 0 only on a clear lead) and the rank
+alone: EASE^R's lambda with its fit (recency scales summed, or binary), the next-period and graph-propagation weights (above 0 only on a clear lead) and the rank
 (wider only on a clear lead). The trainer visits chunks in time order, so when it reaches a
 window's first chunk the student has seen nothing from it: `choose` embeds the window's users
 and the items as of that chunk's start and scores each part alone and their mixes; the
@@ -27,6 +27,7 @@ import numpy as np
 
 from hirflow.encoder import collaborative as C
 from hirflow.encoder.next_period import NextPeriod
+from hirflow.encoder.propagation import Propagation
 from hirflow.encoder.model import HierarchicalEncoder
 from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig, node_type
@@ -136,6 +137,8 @@ class CollaborativeFit:
         days = self.cfg.recency_taus(self.window_days)
         next_weight, next_tried = h.choose_next(lam, fit_days, days, self.next_base,
                                                 self.cfg.next_weights())
+        prop_weight, prop_tried = h.choose_propagation(lam, fit_days, days, self.cfg.propagation_layers,
+                                                       self.cfg.propagation_weights())
         rank, rank_tried = h.choose_rank(days, self.cfg.ranks(), self.cfg.factorization)
         per_user = {}
         if self.cfg.weight is None:
@@ -154,6 +157,8 @@ class CollaborativeFit:
             per_user["popularity"] = [float(x) for x in h.popularity()]
         return {"users": int(len(h.judged)), "l2": lam, "fit_days": C.taus_json(fit_days),
                 "recency_days": C.taus_json(days), "next_weight": next_weight, "rank": rank,
+                "propagation_weight": prop_weight,
+                "propagation_recall@20": {f"{k:g}": round(v, 5) for k, v in prop_tried.items()},
                 "rank_recall@20": {str(k): round(v, 5) for k, v in rank_tried.items()},
                 # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
                 "l2_recall@20": {f"{k[0]:g}/{C.taus_label(k[1])}": round(v, 5) for k, v in l2_tried.items()},
@@ -176,6 +181,7 @@ class CollaborativeFit:
                 tried["popularity"] = float(np.mean(popularity))
         choice = {k: last.get(k) for k in ("at", "usable", "l2", "fit_days", "recency_days",
                                            "l2_recall@20", "next_weight", "next_recall@20",
+                                           "propagation_weight", "propagation_recall@20",
                                            "rank", "rank_recall@20")}
         choice.update({"weight": weight, "why": why, "holdout_users": last["users"],
                        "judged_users": sum(w["users"] for w in usable),
@@ -215,14 +221,16 @@ class CollaborativeFit:
                       "fit_days": C.taus_json(fit_days),
                       "recency_days": C.taus_json(self.cfg.recency_taus(self.window_days)),
                       "rank": min(self.cfg.ranks()),
-                      "next_weight": self.cfg.next_weights()[0]}
+                      "next_weight": self.cfg.next_weights()[0],
+                      "propagation_weight": self.cfg.propagation_weights()[0]}
         codes = self.schema.action_codes()
         block = C.fit(self.data, choice["l2"], choice.get("rank") or min(self.cfg.ranks()),
                       [codes[a] for a in self.positive],
                       (self.schema.user_type,), {"holdout": choice}, self.cfg.unit_users,
                       choice.get("recency_days") or 0.0, choice.get("fit_days") or 0.0,
                       self.cfg.factorization,
-                      replace(self.next_base, weight=choice.get("next_weight") or 0.0))
+                      replace(self.next_base, weight=choice.get("next_weight") or 0.0),
+                      Propagation(self.cfg.propagation_layers, choice.get("propagation_weight") or 0.0))
         if block is None:
             return None
         row = {n: i for i, n in enumerate(nodes)}
