@@ -28,6 +28,7 @@ from __future__ import annotations
 import operator
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import scipy.sparse
@@ -104,6 +105,35 @@ def cold_view(view: View) -> View:
                 stats=np.zeros((1, N_STATS), np.float32), edge_src=np.zeros(0, np.int32),
                 edge_dst=np.zeros(0, np.int32), edge_action=np.zeros(0, np.int16),
                 edge_weight=np.zeros(0, np.float32), edge_age=np.zeros(0, np.float32))
+
+
+def with_prefix(view: View, items: Sequence[str], types: np.ndarray, stats: np.ndarray,
+                actions: np.ndarray, weights: np.ndarray, ages: np.ndarray) -> View:
+    """`view` with its anchor's own latest engagements added (the trainer's view of a source
+    at one of its positives inside a time chunk, which the chunk-start state does not hold
+    yet): each item not in the view joins it at hop 1 with its `types` and `stats` rows, and
+    an edge anchor -> item with its action, decayed weight and age (seconds) where the anchor
+    has no edge to it yet."""
+    nodes = list(view.nodes)
+    local = {n: i for i, n in enumerate(nodes)}
+    new = [k for k, n in enumerate(items) if n not in local]
+    for k in new:
+        local[items[k]] = len(nodes)
+        nodes.append(items[k])
+    linked = set(view.edge_dst[view.edge_src == 0].tolist()) | set(view.edge_src[view.edge_dst == 0].tolist())
+    add = [k for k, n in enumerate(items) if local[n] not in linked and local[n] != 0]
+    return View(anchor=view.anchor, cutoff=view.cutoff, nodes=tuple(nodes),
+                types=np.concatenate([view.types, np.asarray(types, view.types.dtype)[new]]),
+                hop=np.concatenate([view.hop, np.ones(len(new), view.hop.dtype)]),
+                stats=np.concatenate([view.stats, np.asarray(stats, view.stats.dtype)[new]]),
+                edge_src=np.concatenate([view.edge_src, np.zeros(len(add), view.edge_src.dtype)]),
+                edge_dst=np.concatenate([view.edge_dst, np.array([local[items[k]] for k in add],
+                                                                 view.edge_dst.dtype)]),
+                edge_action=np.concatenate([view.edge_action,
+                                            np.asarray(actions, view.edge_action.dtype)[add]]),
+                edge_weight=np.concatenate([view.edge_weight,
+                                            np.asarray(weights, view.edge_weight.dtype)[add]]),
+                edge_age=np.concatenate([view.edge_age, np.asarray(ages, view.edge_age.dtype)[add]]))
 
 
 class RecordCache:

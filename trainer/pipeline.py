@@ -31,7 +31,7 @@ from hirflow.encoder.batching import PackConfig, PackedBatch, pack
 from hirflow.state.events import Engagement
 from hirflow.state.graph import GraphConfig, GraphStore
 from hirflow.state.schema import SchemaConfig, node_type
-from hirflow.state.views import ViewConfig, ViewSampler, cold_view
+from hirflow.state.views import ViewConfig, ViewSampler, cold_view, with_prefix
 from hirflow.state.writer import BOTH_SIDES, GraphWriter
 
 
@@ -95,7 +95,8 @@ class BatchPipeline:
                  pack_cfg: PackConfig, a_index: Mapping[str, int], negatives: int, seed: int,
                  texts: Mapping[str, np.ndarray] | None = None, workers: int = 1, prefetch: int = 4,
                  start_chunk: int = 0, cold_share: float = 0.0,
-                 teacher_anchors: int | None = None, sampled_negatives: int = 0) -> None:
+                 teacher_anchors: int | None = None, sampled_negatives: int = 0,
+                 chunk_prefix: int = 0) -> None:
         self.events, self.plan, self.schema = events, plan, schema
         self.views = (teacher_view, student_view)
         self.pack_cfg, self.a_index, self.negatives, self.seed = pack_cfg, a_index, negatives, seed
@@ -103,6 +104,8 @@ class BatchPipeline:
         self.cold_share = cold_share
         self.teacher_anchors = teacher_anchors
         self.sampled_negatives = sampled_negatives
+        self.chunk_prefix = chunk_prefix
+        self._by_src: dict[int, dict[str, list[int]]] = {}    # chunk -> source -> its events
         self.item_types = set(schema.item_node_types)
         self.items: list[str] = []                    # items seen so far (sampled negatives)
         self.store = GraphStore(store_dir, schema, 1)
@@ -115,6 +118,11 @@ class BatchPipeline:
         self.sample_s = 0.0        # sampling + packing time, summed over workers
         self._dst_share: dict[int, dict[str, float]] = {}
         for k, steps in enumerate(plan):
+            if len(steps) > 1 and chunk_prefix:
+                by_src: dict[str, list[int]] = {}
+                for i in sorted(steps[0], key=lambda i: (events[i].ts, i)):
+                    by_src.setdefault(events[i].src, []).append(int(i))
+                self._by_src[k] = by_src
             if len(steps) > 1:
                 counts: dict[str, int] = {}
                 for i in steps[0]:
@@ -156,6 +164,8 @@ class BatchPipeline:
             anchors.append(n)
         teacher, student = self._pair()
         s_views = student.sample(anchors, cutoff, rng=rng)
+        if self.chunk_prefix:
+            s_views = self._with_prefixes(chunk, batch, anchors, s_views, student, cutoff, rng)
         if self.cold_share > 0 and self.texts:          # cold-start drill, anchors with text only
             drill = rng.random(len(s_views)) < self.cold_share
             s_views = [cold_view(v) if d and v.anchor in self.texts else v for v, d in zip(s_views, drill)]
@@ -186,6 +196,42 @@ class BatchPipeline:
         return Prepared(step, chunk, cutoff, s, te, src, dst, act, label, len(anchors),
                         torch.from_numpy(t_idx), log_q,
                         torch.tensor(sorted({pos[n] for n in drawn}), dtype=torch.long))
+
+    def _with_prefixes(self, chunk: int, batch: Sequence[Engagement], anchors: list[str],
+                       views: list, sampler: ViewSampler, cutoff: int, rng) -> list:
+        """Each source's student view with its own engagements of this chunk that precede
+        its first positive in the batch (up to `chunk_prefix`, the latest): what a worker's
+        view of it holds at that moment, and what the chunk-start state lacks. A session, or a
+        user rating a batch of films in one sitting, is otherwise trained as if it had no
+        history at all."""
+        by_src = self._by_src[chunk]
+        first: dict[str, int] = {}
+        for e in batch:
+            first[e.src] = min(first.get(e.src, e.ts), e.ts)
+        prefixes = {}
+        for s, t0 in first.items():
+            before = [self.events[i] for i in by_src.get(s, ()) if self.events[i].ts < t0]
+            if before:
+                prefixes[s] = (t0, before[-self.chunk_prefix:])
+        if not prefixes:
+            return views
+        pos = {n: i for i, n in enumerate(anchors)}
+        need = sorted({e.dst for _, evs in prefixes.values() for e in evs} - set(pos))
+        extra = dict(zip(need, sampler.sample(need, cutoff, rng=rng))) if need else {}
+        codes = self.a_index
+        specs = self.schema.all_actions
+        out = list(views)
+        for s, (t0, evs) in prefixes.items():
+            own = [extra[e.dst] if e.dst in extra else views[pos[e.dst]] for e in evs]
+            ages = np.array([(t0 - e.ts) / 1000.0 for e in evs], np.float32)
+            weights = np.array([e.w * specs[e.action].sign * (1.0 if specs[e.action].structural else
+                                0.5 ** (a / specs[e.action].half_life_s)) for e, a in zip(evs, ages)],
+                               np.float32)
+            out[pos[s]] = with_prefix(views[pos[s]], [e.dst for e in evs],
+                                      np.array([v.types[0] for v in own]),
+                                      np.stack([v.stats[0] for v in own]),
+                                      np.array([codes[e.action] for e in evs]), weights, ages)
+        return out
 
     def _apply(self, k: int) -> None:
         idx = self.plan[k][0]

@@ -97,6 +97,10 @@ class TrainConfig:
     # apart where the positives alone would let them collapse onto popularity (users with a
     # single engagement, quiet days)
     w_uniform: float = 0.5
+    # a source's own engagements earlier in its chunk, up to this many (the latest), join its
+    # student view at each of its positives: what a worker's view holds at that moment (0: the
+    # chunk-start state alone)
+    chunk_prefix: int = 8
     negatives: int = 2               # "bce" only: per positive, same node type as the true dst
     passes: int = 1                  # shuffled passes over each chunk's events
     min_steps: int = 1000            # a small data set gets more passes, to at least this many
@@ -227,7 +231,8 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
                              texts=texts, workers=cfg.sample_workers, prefetch=cfg.prefetch,
                              start_chunk=start_chunk, cold_share=cfg.cold_share,
                              teacher_anchors=cfg.teacher_anchors,
-                             sampled_negatives=cfg.sampled_negatives if cfg.objective == "softmax" else 0)
+                             sampled_negatives=cfg.sampled_negatives if cfg.objective == "softmax" else 0,
+                             chunk_prefix=cfg.chunk_prefix)
         bar = tqdm(total=steps, initial=step, unit="step", disable=not progress, desc="train")
         items = iter(pipe)
         try:
