@@ -86,13 +86,16 @@ def decode_map(raw: bytes | None, max_bytes: int) -> dict:
     if raw[:1] in (b"{", b" ", b"\n", b"\t", b"\r"):
         try:
             obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise EventError("bad_json", str(exc)[:200]) from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise EventError("bad_json", str(exc)[:200] or type(exc).__name__) from None
     else:
         try:
             obj = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types
-            raise EventError("undecodable", f"not msgpack or JSON ({type(exc).__name__})") from None
+            try:                  # JSON that is no object (a list, a string, null) is no map
+                obj = json.loads(raw)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                raise EventError("undecodable", f"not msgpack or JSON ({type(exc).__name__})") from None
     if not isinstance(obj, dict):
         raise EventError("not_a_map", f"value is a {type(obj).__name__}, not a map")
     return obj

@@ -72,3 +72,18 @@ def test_entity_validation():
 def test_decode_map_limit():
     with pytest.raises(EventError, match="too_large"):
         decode_map(b"{}" * 10, 5)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8)
+                           | st.floats(allow_nan=False, allow_infinity=False),
+                           lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=80, deadline=None)
+@given(JSON_VALUES, st.sampled_from(["", " ", "\n"]))
+def test_json_that_is_no_object_is_not_a_map(value, lead):
+    """`[1,2,3]`, `"hello"`, `null`, numbers: each refused as not a map, never as
+    undecodable, with or without leading whitespace."""
+    assert reason((lead + json.dumps(value)).encode()) == "not_a_map"
