@@ -1,7 +1,8 @@
 """`hirflow replay`: files of events -> Kafka, keyed by src (or node), idempotent producer.
 
 Formats: ``jsonl`` (one event per line in the wire schema; lines with ``node`` are entity
-events), ``csv`` (header with src,dst,action,ts[,w,id]), ``taobao`` (UserBehavior CSV) and
+events), ``csv`` (src,dst,action,ts[,w,id], with a header line naming the columns or
+without one, in that order), ``taobao`` (UserBehavior CSV) and
 ``online-retail`` (the UCI Online Retail invoice lines; rows that are no customer's purchase
 of a product are skipped and counted by reason, see `streams.adapters.online_retail`),
 ``ciaodvd`` (CiaoDVD ratings) and ``yoochoose`` (click sessions as session-rec prepares them).
@@ -47,13 +48,46 @@ def _open_text(path: Path) -> io.TextIOBase:
     return path.open(encoding="utf-8")
 
 
+CSV_COLUMNS = ("src", "dst", "action", "ts", "w", "id")    # the generic CSV's, in order
+
+
+def _headerless_csv(line: str) -> bool:
+    """Whether a first line reads as a generic CSV row without a header:
+    `type:key,type:key,action,ts[,w[,id]]`."""
+    cells = [c.strip() for c in line.strip().split(",")]
+    return 4 <= len(cells) <= 6 and ":" in cells[0] and ":" in cells[1] and cells[3].isdigit()
+
+
+def _csv_rows(f) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of a generic CSV, with or without its header line: a header names
+    the columns (any order); without one they are `CSV_COLUMNS` in order."""
+    reader = csv.reader(f)
+    header = None
+    for lineno, cells in enumerate(reader, 1):
+        if not cells or not any(c.strip() for c in cells):
+            continue
+        if lineno == 1 and cells[0].strip().lower() == "src":
+            header = [c.strip().lower() for c in cells]
+            unknown = sorted(set(header) - set(CSV_COLUMNS))
+            if unknown or not {"src", "dst", "action", "ts"} <= set(header):
+                raise ValueError(f"line 1: a header names the columns {', '.join(CSV_COLUMNS)} "
+                                 f"(src, dst, action and ts required), got {', '.join(header)}")
+            continue
+        names = header or CSV_COLUMNS
+        if header is None and not 4 <= len(cells) <= 6 or header is not None and len(cells) != len(header):
+            want = f"the header's columns {','.join(header)}" if header \
+                else f"columns {','.join(CSV_COLUMNS[:4])}[,w,id]"
+            raise ValueError(f"line {lineno}: expected {want}, got {len(cells)}")
+        yield lineno, dict(zip(names, (c.strip() for c in cells)))
+
+
 def detect_format(path: Path) -> str:
     name = path.name.removesuffix(".gz")
     if name.endswith(".jsonl") or name.endswith(".json"):
         return "jsonl"
     with _open_text(path) as f:
         first = f.readline()
-    if first.lower().startswith("src,"):
+    if first.lower().startswith("src,") or _headerless_csv(first):
         return "csv"
     if online_retail.looks_like(first):
         return "online-retail"
@@ -86,18 +120,30 @@ def read_events(path: Path, fmt: str, validator: Validator,
             except error as exc:
                 raise ReplayError(f"{path}: {exc}") from None
             return
-        rows: Iterable[dict]
-        rows = (json.loads(line) for line in f if line.strip()) if fmt == "jsonl" else csv.DictReader(f)
-        for lineno, d in enumerate(rows, 1):
-            try:
-                if fmt == "csv":
-                    d = {k: v for k, v in d.items() if v not in (None, "")}
-                    d["ts"] = int(d["ts"]) if "ts" in d else d.get("ts")
-                    if "w" in d:
-                        d["w"] = float(d["w"])
-                yield validator.entity(d) if "node" in d else validator.engagement(d)
-            except (EventError, ValueError, KeyError) as exc:
-                raise ReplayError(f"{path}: record {lineno}: {exc}") from None
+        rows: Iterable[tuple[int, dict]]
+        if fmt == "jsonl":
+            rows = ((n, json.loads(line)) for n, line in enumerate(f, 1) if line.strip())
+        else:
+            rows = _csv_rows(f)
+        try:
+            yield from _validated(rows, fmt, validator, path)
+        except ValueError as exc:              # a CSV whose columns are not the format's
+            raise ReplayError(f"{path}: {exc}") from None
+
+
+def _validated(rows: Iterable[tuple[int, dict]], fmt: str, validator: Validator,
+               path: Path) -> Iterator[Engagement | Entity]:
+    """Each row as a validated event; a bad one is a ReplayError naming its line."""
+    for lineno, d in rows:
+        try:
+            if fmt == "csv":
+                d = {k: v for k, v in d.items() if v not in (None, "")}
+                d["ts"] = int(d["ts"]) if "ts" in d else d.get("ts")
+                if "w" in d:
+                    d["w"] = float(d["w"])
+            yield validator.entity(d) if "node" in d else validator.engagement(d)
+        except (EventError, ValueError, KeyError) as exc:
+            raise ReplayError(f"{path}: line {lineno}: {exc}") from None
 
 
 def produce(cfg: HirflowConfig, events: Iterable[Engagement | Entity], total: int | None = None,

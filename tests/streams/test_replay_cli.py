@@ -5,13 +5,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
 
 from hirflow.state.events import Validator
 from hirflow.state.graph import GraphStore
+from hirflow.state.schema import SchemaConfig
 from hirflow.state.writer import GraphWriter
 from hirflow.streams.cli import cli
 from hirflow.streams.ingest import IngestLoop
-from hirflow.streams.replay import ReplayError, read_events
+from hirflow.streams.replay import ReplayError, detect_format, read_events
 from hirflow.streams.topics import Topics
 from tests.conftest import make_config
 from tests.streams.kafka_helpers import run_until
@@ -94,8 +96,36 @@ def test_synth_files_replay_and_bad_file_is_named(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"src": "user:1", "dst": "ad:1", "action": "click", "ts": 1767225600000}\n'
                    '{"src": "user:1", "dst": "ad:1", "action": "warp", "ts": 1767225600000}\n')
-    with pytest.raises(ReplayError, match="record 2: unknown_action"):
+    with pytest.raises(ReplayError, match="line 2: unknown_action"):
         list(read_events(bad, "jsonl", v))
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 9), st.integers(0, 10**6)),
+                     min_size=1, max_size=6),
+       header=st.booleans(), weight=st.booleans())
+def test_a_csv_reads_the_same_with_or_without_its_header(tmp_path_factory, rows, header, weight):
+    """Headerless or not, the same events; one row is one event, never a silent zero."""
+    v = Validator(SchemaConfig(), now_ms=lambda: 1_767_225_600_000 + 10**7)
+    lines = [f"user:{u},ad:{a},click,{1_767_225_600_000 + t}" + (",2.5" if weight else "")
+             for u, a, t in rows]
+    f = tmp_path_factory.mktemp("csv") / "e.csv"
+    f.write_text("\n".join((["src,dst,action,ts" + (",w" if weight else "")] if header else []) + lines) + "\n")
+    assert detect_format(f) == "csv"
+    evs = list(read_events(f, "csv", v))
+    assert [(e.src, e.dst, e.ts, e.w) for e in evs] == \
+        [(f"user:{u}", f"ad:{a}", 1_767_225_600_000 + t, 2.5 if weight else 1.0) for u, a, t in rows]
+
+
+def test_a_csv_with_the_wrong_columns_names_the_expected_ones(tmp_path):
+    v = Validator(SchemaConfig())
+    f = tmp_path / "e.csv"
+    f.write_text("user:1,ad:1,click\n")
+    with pytest.raises(ReplayError, match="line 1: expected columns src,dst,action,ts"):
+        list(read_events(f, "csv", v))
+    f.write_text("src,dst,verb,ts\nuser:1,ad:1,click,1\n")
+    with pytest.raises(ReplayError, match="a header names the columns"):
+        list(read_events(f, "csv", v))
 
 
 def test_synth_is_deterministic_by_seed():
