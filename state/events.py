@@ -136,7 +136,8 @@ class Validator:
         if typ not in self.node_types:
             if not sep or not typ:
                 raise EventError("malformed_id", f"{field}={value[:80]!r} is not 'type:key'")
-            raise EventError("unknown_node_type", f"{field} type {typ!r}")
+            raise EventError("unknown_node_type", f"{field} type {typ!r} is not in the schema: add "
+                             "it to schema.extra_node_types, or load the data set's config")
         if not key or len(key) > self.schema.max_key_len or " " in key or not key.isprintable():
             raise EventError("malformed_id", f"{field}={value[:80]!r} is not 'type:key'")
         return value

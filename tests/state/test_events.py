@@ -87,3 +87,12 @@ def test_json_that_is_no_object_is_not_a_map(value, lead):
     """`[1,2,3]`, `"hello"`, `null`, numbers: each refused as not a map, never as
     undecodable, with or without leading whitespace."""
     assert reason((lead + json.dumps(value)).encode()) == "not_a_map"
+
+
+def test_an_unknown_node_type_names_the_config_key_to_set():
+    with pytest.raises(EventError, match="schema.extra_node_types"):
+        V.decode_engagement(msgpack.packb(good(dst="country:uk")))
+
+
+def test_a_fractional_ts_is_cut_to_whole_ms_as_documented():
+    assert V.decode_engagement(json.dumps(good(ts=NOW - 1000 + 0.75)).encode()).ts == NOW - 1000
