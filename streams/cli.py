@@ -18,6 +18,7 @@ from hirflow.streams import logs
 log = logging.getLogger("hirflow")
 
 
+_debug = [False]                  # --debug: expected errors keep their traceback
 FILE_FORMATS = ["jsonl", "csv", "taobao", "online-retail", "ciaodvd", "yoochoose"]   # replay.FORMATS
 
 
@@ -58,9 +59,10 @@ class Ctx:
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
                                                case_sensitive=False))
 @click.option("--log-format", type=click.Choice(["text", "json"]))
+@click.option("--debug", is_flag=True, help="Print an expected error's traceback too.")
 @click.pass_context
 def cli(ctx, config_file, sets, bootstrap, state_path, partitions, topic_prefix, log_level,
-        log_format):
+        log_format, debug):
     """hirflow keeps Hierarchical Interest Representation embeddings fresh from Kafka.
 
     \b
@@ -75,6 +77,7 @@ def cli(ctx, config_file, sets, bootstrap, state_path, partitions, topic_prefix,
       hirflow synth --produce        # stream a synthetic ads world with planted interests
       hirflow replay FILE            # produce JSONL / CSV / Taobao UserBehavior files
     """
+    _debug[0] = debug
     flags = {"kafka.bootstrap": bootstrap, "graph.path": state_path,
              "kafka.partitions": partitions, "kafka.topic_prefix": topic_prefix}
     ctx.obj = Ctx(config_file, _parse_sets(sets), flags, log_level, log_format)
@@ -591,8 +594,29 @@ def _wait_for_signal(done=lambda: False) -> None:
         time.sleep(0.2)
 
 
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    """What an operator can meet and fix from one line: a locked or foreign store, a topic
+    that does not match the config, the broker, a checkpoint, the change log."""
+    from hirflow.encoder.checkpoint import CheckpointError
+    from hirflow.encoder.knowledge import KnowledgeModelMissing
+    from hirflow.state.graph import StoreError
+    from hirflow.streams.broker import BrokerError
+    from hirflow.streams.changelog import ChangelogError
+    from hirflow.streams.topics import TopicMismatchError
+    return (StoreError, TopicMismatchError, BrokerError, CheckpointError, ChangelogError,
+            KnowledgeModelMissing)
+
+
 def main() -> None:
-    cli(prog_name="hirflow")
+    """The CLI; an expected error ends it with one line and exit code 2 (`--debug`: with its
+    traceback)."""
+    try:
+        cli.main(prog_name="hirflow")
+    except _expected_errors() as exc:
+        if _debug[0]:
+            raise
+        click.echo(f"hirflow: error: {exc}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

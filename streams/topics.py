@@ -19,6 +19,10 @@ DELETE = {"cleanup.policy": "delete"}
 KEEP = {"cleanup.policy": "delete", "retention.ms": "-1"}
 
 
+class TopicMismatchError(RuntimeError):
+    """An existing topic does not match the config (its partition count)."""
+
+
 @dataclass(frozen=True)
 class Topics:
     prefix: str = ""
@@ -99,6 +103,6 @@ def ensure_topics(cfg: KafkaConfig, topics: Topics, timeout: float = 30.0) -> di
     for name, (n, _) in specs.items():
         have = len(meta.topics[name].partitions) if name in meta.topics else 0
         if have and have != n and n > 1:
-            raise RuntimeError(f"topic {name} has {have} partitions, config says {n}: "
+            raise TopicMismatchError(f"topic {name} has {have} partitions, config says {n}: "
                                "set kafka.partitions to match or use a new topic_prefix")
     return result

@@ -184,3 +184,22 @@ def test_online_retail_train_and_evaluate_from_the_file(tmp_path):
     assert "deep_funnel" in m and "usage_entropy" in m
     manifest = json.loads((Path(ck) / "manifest.json").read_text())
     assert manifest["quantizer"]["nbits"] < 8       # a few hundred nodes: smaller codebooks, no crash
+
+
+def test_an_expected_error_is_one_line_and_exit_code_2_without_a_traceback(tmp_path):
+    """A store another process holds: one clear line, exit 2; --debug adds the traceback."""
+    import subprocess
+    import sys
+    from hirflow.state.graph import GraphStore
+    held = GraphStore(tmp_path / "st", SchemaConfig(), 8)
+    try:
+        cmd = [sys.executable, "-m", "hirflow.streams.cli", "--state", str(tmp_path / "st"),
+               "state", "--node", "user:1"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("hirflow: error: state store")
+        assert "locked by another process" in r.stderr
+        r = subprocess.run(cmd[:3] + ["--debug"] + cmd[3:], capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "Traceback" in r.stderr and "StoreLockedError" in r.stderr
+    finally:
+        held.close()
