@@ -40,6 +40,12 @@ FRESHNESS = Histogram("hirflow_freshness_seconds",
                       "Event time of the oldest event behind a token change -> change emitted",
                       buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
                       registry=REGISTRY)
+HISTORICAL_S = 86_400.0   # a change whose event is older than this is a replay of history,
+                          # not a freshness: counted apart, kept out of the histogram
+HISTORICAL_CHANGES = Counter("hirflow_token_changes_historical_total",
+                             "Token changes from events older than a day when emitted (a replay "
+                             "of historical data): kept out of hirflow_freshness_seconds",
+                             registry=REGISTRY)
 REFRESH_BATCH = Histogram("hirflow_refresh_batch_nodes", "Nodes per refresh micro-batch",
                           buckets=(1, 8, 32, 128, 256, 512, 1024, 4096), registry=REGISTRY)
 REFRESH_SECONDS = Histogram("hirflow_refresh_batch_seconds",

@@ -15,7 +15,7 @@ import time
 from hirflow.state.index import TokenIndex, delete_outbox
 from hirflow.state.keys import KeyCodec
 from hirflow.streams import changes, clients
-from hirflow.streams.metrics import FRESHNESS, TOKEN_CHANGES
+from hirflow.streams.metrics import FRESHNESS, HISTORICAL_CHANGES, HISTORICAL_S, TOKEN_CHANGES
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,11 @@ class TokenOutbox:
             self._errors.append(str(err))
         elif event_ts is not None:     # from an event: event -> acknowledged by the broker
             acked = produced_ms + 1000 * (msg.latency() or 0.0)
-            FRESHNESS.observe(max(0.0, acked - event_ts) / 1000)
+            age = max(0.0, acked - event_ts) / 1000
+            if age > HISTORICAL_S:        # event time from a replayed year, not a delay
+                HISTORICAL_CHANGES.inc()
+            else:
+                FRESHNESS.observe(age)
 
     def confirm(self) -> None:
         """Wait for the acks of what was produced, then drop those outbox entries."""

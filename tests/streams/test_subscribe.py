@@ -39,3 +39,24 @@ def test_dedup_memory_is_bounded(cfg):
     _publish(cfg, [(f"ad:{i}", 1) for i in range(50)])
     with Subscriber(cfg, group_id="b", dedup_nodes=10) as sub:
         assert len(_take(sub, 50)) == 50 and len(sub.last_seq) == 10
+
+
+def test_a_replayed_years_old_event_is_counted_apart_from_freshness():
+    """Freshness is event -> change for live events; a replay of 2011's invoices would fill
+    the histogram with 10^8-second observations, so those are counted apart."""
+    import time
+    from types import SimpleNamespace
+    from hirflow.streams.metrics import REGISTRY
+    from hirflow.streams.token_outbox import TokenOutbox
+
+    def value(name):
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    outbox = SimpleNamespace(_errors=[])
+    msg = SimpleNamespace(latency=lambda: 0.001)
+    now = int(time.time() * 1000)
+    seen, old = value("hirflow_freshness_seconds_count"), value("hirflow_token_changes_historical_total")
+    TokenOutbox._on_delivery(outbox, now - 1500, now, None, msg)                 # live: 1.5 s
+    TokenOutbox._on_delivery(outbox, 1_291_000_000_000, now, None, msg)          # December 2010
+    assert value("hirflow_freshness_seconds_count") == seen + 1
+    assert value("hirflow_token_changes_historical_total") == old + 1
