@@ -1,7 +1,7 @@
 """The dead-letter topic: bad records keep their original bytes, origin and reason.
 
-Headers carry the reason and origin (topic, partition, offset, timestamp) so a person or a
-repair job can find and replay them. Sent before the batch's offsets are committed, so a
+Headers carry the reason and origin (topic, partition, offset, timestamp), after the
+producer's own headers, so a person or a repair job can find and replay them. Sent before the batch's offsets are committed, so a
 crash may duplicate a dead letter but never lose one.
 
 A dead letter must fit the broker's message limit with its headers added (a record refused
@@ -37,11 +37,16 @@ class DeadLetters:
 
     def send(self, msg: Message, reason: str, detail: str = "") -> None:
         self.send_raw(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                      msg.timestamp()[1], reason, detail)
+                      msg.timestamp()[1], reason, detail, msg.headers())
 
     def send_raw(self, topic: str, partition: int, offset: int, key: bytes | None,
-                 value: bytes | None, timestamp: int, reason: str, detail: str = "") -> None:
-        headers = [
+                 value: bytes | None, timestamp: int, reason: str, detail: str = "",
+                 original_headers=None) -> None:
+        # the producer's own headers first, as they were (a trace id, a schema tag): what a
+        # person or a repair job needs to replay the record as it came
+        headers = [(k, v if v is not None else b"") for k, v in (original_headers or [])
+                   if not k.startswith("hirflow.")]
+        headers += [
             ("hirflow.reason", reason.encode()),
             ("hirflow.detail", detail[:500].encode("utf-8", "replace")),
             ("hirflow.origin.topic", topic.encode()),
@@ -61,6 +66,13 @@ class DeadLetters:
         produce_blocking(self.producer, self.topic, value=value, key=key, headers=headers)
         EVENTS_DEAD.labels(topic, reason).inc()
         self._log(topic, partition, offset, reason, detail)
+
+    def flush_log(self) -> None:
+        """The end of a burst: how many dead letters no line has reported yet, once a second
+        has passed since the last line (the ingest loop calls it at every commit)."""
+        if self._unlogged and time.monotonic() - self._last_log >= 1.0:
+            log.warning("dead-lettered %d more records since the last line", self._unlogged)
+            self._last_log, self._unlogged = time.monotonic(), 0
 
     def _log(self, topic: str, partition: int, offset: int, reason: str, detail: str) -> None:
         """At most one line per second, so a flood of garbage cannot flood the log."""

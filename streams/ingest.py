@@ -144,6 +144,7 @@ class IngestLoop:
         self._last_commit = time.monotonic()
         CACHED_NODES.set(self.writer.cached_nodes)
         EVICTED_EDGES.set(self.writer.evicted_edges)
+        self.dead.flush_log()
 
     def _apply(self, msgs) -> dict[tuple[str, int], int]:
         eng, rev = self.topics.engagements, self.topics.reverse

@@ -81,7 +81,8 @@ def test_bad_input_goes_to_dead_letter_and_the_stream_keeps_flowing(cfg, tmp_pat
     for i in range(10 * len(bad)):
         if i % 10 == 5:
             raw, _ = bad[i // 10]
-            p.produce(topics.engagements, value=raw, key=b"user:1")
+            p.produce(topics.engagements, value=raw, key=b"user:1",
+                      headers=[("trace-id", f"t{i}".encode()), ("hirflow.reason", b"forged")])
         elif i % 2:
             ev = good(i)
             d = {"src": ev.src, "dst": ev.dst, "action": ev.action, "ts": ev.ts}
@@ -102,6 +103,8 @@ def test_bad_input_goes_to_dead_letter_and_the_stream_keeps_flowing(cfg, tmp_pat
         h = parse_headers(m.headers())
         assert m.value() == raw                                   # original bytes kept
         assert h["hirflow.origin.topic"] == topics.engagements
+        assert h["trace-id"].startswith("t") and h["hirflow.reason"] == reason   # the producer's
+        assert [k for k, _ in m.headers()].count("hirflow.reason") == 1      # headers, none forged
         assert int(h["hirflow.origin.offset"]) >= 0 and h["hirflow.detail"] is not None
 
 
@@ -282,3 +285,25 @@ def test_the_ingest_loop_runs_the_retention_sweep(cfg, tmp_path):
     users = {e.src for e in evs}
     assert users - set(store.reader.node_ids())           # spent users left the store
     store.close()
+
+
+def test_the_tail_of_a_dead_letter_burst_is_reported(caplog):
+    """A burst logs one line a second; what the last line did not cover is reported once
+    the second has passed, not only when the next bad record comes."""
+    import time
+    from types import SimpleNamespace
+    from hirflow.streams.deadletter import DeadLetters
+
+    sent = []
+    producer = SimpleNamespace(produce=lambda *a, **kw: sent.append(kw), poll=lambda t=0: 0)
+    dlq = DeadLetters(producer, "dlq")
+    with caplog.at_level("WARNING", logger="hirflow.streams.deadletter"):
+        for i in range(5):
+            dlq.send_raw("t", 0, i, b"k", b"v", 0, "undecodable")
+        assert len(caplog.records) == 1                    # one line for the burst so far
+        dlq.flush_log()
+        assert len(caplog.records) == 1                    # not yet: within the second
+        dlq._last_log -= 1.1
+        dlq.flush_log()
+    assert len(caplog.records) == 2 and "4 more" in caplog.records[-1].getMessage()
+    assert len(sent) == 5
