@@ -6,7 +6,7 @@ The stream: users with a log-normal number of engagements, items drawn from a Zi
 times spread over 90 days. `CollaborativeFit`'s path without the encoder: the pairs into
 `Interactions` (the dense vocabulary of `max_items`, the tail of every other item with 3+
 users), EASE^R with the next-period part on the vocabulary, cut to rank 128, the tail folded
-in (`collaborative.fold_in`), and every user's served block computed once. Reports each
+in (`block_fit.fold_in`), and every user's served block computed once. Reports each
 stage's seconds, peak RSS and the items the block covers against the items with 3+ users.
 
     python bench/block_scale.py [--quick] [--items 1000000] [--engagements 10000000]
@@ -28,7 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from hirflow.encoder import collaborative as C  # noqa: E402
-from hirflow.encoder.next_period import NextPeriod  # noqa: E402
+from hirflow.trainer.block_config import CollaborativeConfig  # noqa: E402
+from hirflow.trainer.block_fit import fit  # noqa: E402
+from hirflow.trainer.interactions import Interactions  # noqa: E402
+from hirflow.trainer.next_period import NextPeriod  # noqa: E402
 
 DAY = 86_400_000
 BUDGET_S = 15 * 60          # the trainer's budget for a run on this machine
@@ -59,7 +62,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="100,000 items, 1,000,000 engagements")
     ap.add_argument("--items", type=int, default=1_000_000)
     ap.add_argument("--engagements", type=int, default=10_000_000)
-    ap.add_argument("--max-items", type=int, default=C.CollaborativeConfig.max_items,
+    ap.add_argument("--max-items", type=int, default=CollaborativeConfig.max_items,
                     help="the dense vocabulary")
     a = ap.parse_args()
     if a.quick:
@@ -74,13 +77,13 @@ def main() -> None:
                      np.char.add("product:", i.astype(str)).tolist(), ts.tolist()))
     stages["stream_s"] = time.perf_counter() - t
     t0 = time.perf_counter()
-    data = C.Interactions.of(pairs, ("user",), ("product",), a.max_items)
+    data = Interactions.of(pairs, ("user",), ("product",), a.max_items)
     del pairs
     stages["interactions_s"] = time.perf_counter() - t0
     t = time.perf_counter()
     span = int(data.last_time - data.quantile_time(0.9))
-    nxt = NextPeriod(2, span, C.CollaborativeConfig.next_l2, 0.5)
-    block = C.fit(data, 3000.0, 128, [0], ("user",), recency_days=(0.0, 30.0, 60.0),
+    nxt = NextPeriod(2, span, CollaborativeConfig.next_l2, 0.5)
+    block = fit(data, 3000.0, 128, [0], ("user",), recency_days=(0.0, 30.0, 60.0),
                   fit_days=(15.0, 30.0, 60.0), nxt=nxt)
     stages["fit_s"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hirflow.encoder.collaborative import CollaborativeConfig
+from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.encoder.model import EncoderConfig
 from hirflow.state.config import build
 from hirflow.state.events import Engagement

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hirflow.encoder.collaborative import CollaborativeConfig
+from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.encoder.quantize import QuantizerConfig
 from hirflow.streams.config import HirflowConfig
 from hirflow.trainer.runs import RunOptions, parse_duration

@@ -75,7 +75,7 @@ def tiny_checkpoints(tmp_path_factory, tiny_world):
     refresh tests move; and no collaborative block. The successor has today's defaults
     (centred primitives, score coordinate, 7 stats, a collaborative block), so serving runs
     with both."""
-    from hirflow.encoder.collaborative import CollaborativeConfig
+    from hirflow.trainer.block_config import CollaborativeConfig
     from hirflow.encoder.model import EncoderConfig
     from hirflow.encoder.quantize import QuantizerConfig
     from hirflow.state.schema import SchemaConfig

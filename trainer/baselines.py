@@ -33,7 +33,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from hirflow.encoder.collaborative import ease_weights, fit_weighted
+from hirflow.trainer.item_item import ease_weights, fit_weighted
 from hirflow.trainer.ranking import RankingTask, per_user_metrics
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def ease_recent(task: RankingTask, params: Mapping) -> np.ndarray:
     """EASE^R fitted on pairs weighted by how recent they are, exp(t / `days`) with t the
     pair's last engagement before the window (so <= 0), scaled so that the squared weights
     sum to the number of pairs (lambda keeps its binary scale); users' rows binary, as in
-    `ease`; the weights are the block's own fit weights (`encoder.collaborative.fit_weighted`).
+    `ease`; the weights are the block's own fit weights (`trainer.item_item.fit_weighted`).
     Recent co-purchases count more: a catalogue and its seasons move."""
     last = task.fit_last_ts.tocoo()
     x = fit_weighted(last.row, last.col, last.data, last.shape, params["days"])

@@ -11,7 +11,7 @@ alone: EASE^R's lambda with its fit (recency scales summed, or binary), the next
 (wider only on a clear lead). The trainer visits chunks in time order, so when it reaches a
 window's first chunk the student has seen nothing from it: `choose` embeds the window's users
 and the items as of that chunk's start and scores each part alone and their mixes; the
-served weight (`collaborative.choose_parts`) never serves an encoder below popularity, and
+served weight (`holdout.choose_parts`) never serves an encoder below popularity, and
 prefers the part that ranks better alone unless a mix clearly leads it. After training,
 `block` refits on the whole window with the chosen settings, scales the block against the
 final encoder, and serves it alone when the encoder collapsed.
@@ -26,14 +26,19 @@ from typing import Sequence
 import numpy as np
 
 from hirflow.encoder import collaborative as C
-from hirflow.encoder.next_period import NextPeriod
-from hirflow.encoder.propagation import Propagation
 from hirflow.encoder.model import HierarchicalEncoder
 from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig, node_type
 from hirflow.state.views import ViewSampler
+from hirflow.trainer.block_config import CollaborativeConfig
+from hirflow.trainer.block_fit import fit, scaled
 from hirflow.trainer.embedding import block_rows, embed, state_of
 from hirflow.trainer.evaluate import positive_actions
+from hirflow.trainer.holdout import BLOCK_ALONE, Holdout, choose_parts, weights_tried
+from hirflow.trainer.interactions import Interactions
+from hirflow.trainer.item_item import taus_json, taus_label
+from hirflow.trainer.next_period import NextPeriod
+from hirflow.trainer.propagation import Propagation
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +47,13 @@ DEFAULT_WEIGHT = 0.5     # when the run never reached a usable holdout (a window
 
 class CollaborativeFit:
     def __init__(self, events: Sequence[Engagement], schema: SchemaConfig,
-                 cfg: C.CollaborativeConfig) -> None:
+                 cfg: CollaborativeConfig) -> None:
         self.events, self.schema, self.cfg = events, schema, cfg
         self.positive = sorted(positive_actions(schema))
         keep = set(self.positive)
         # a user-item engagement in either direction (an ad shown to a user counts as well)
         pairs = ((a, b, e.ts) for e in events if e.action in keep for a, b in ((e.src, e.dst), (e.dst, e.src)))
-        self.data = C.Interactions.of(pairs, (schema.user_type,), schema.item_node_types, cfg.max_items)
+        self.data = Interactions.of(pairs, (schema.user_type,), schema.item_node_types, cfg.max_items)
         self.enabled = cfg.enabled and len(self.data.items) >= 2
         # the holdout windows' nominal starts, oldest first; a fixed weight needs the last only
         self.starts = self._window_starts() if self.enabled else []
@@ -85,8 +90,8 @@ class CollaborativeFit:
                      len(starts), judged)
         return sorted(set(starts))
 
-    def _holdout(self, at: int, until: int | None = None) -> C.Holdout:
-        return C.Holdout.at_time(self.data, at, until, self.schema.session_users)
+    def _holdout(self, at: int, until: int | None = None) -> Holdout:
+        return Holdout.at_time(self.data, at, until, self.schema.session_users)
 
     @property
     def start(self) -> int | None:
@@ -130,7 +135,7 @@ class CollaborativeFit:
         if covers == len(self.starts):
             self.choice = self._decide(window)
 
-    def _score(self, h: C.Holdout, student: HierarchicalEncoder, cutoff: int, texts, dev) -> dict:
+    def _score(self, h: Holdout, student: HierarchicalEncoder, cutoff: int, texts, dev) -> dict:
         """On one window: lambda with the fit, the users' item weights, and each judged user's
         Recall@20 per weight of the grid (none when the weight is configured)."""
         lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, self.cfg.fits(self.window_days))
@@ -150,18 +155,18 @@ class CollaborativeFit:
             with state_of([e for e in self.events if e.ts <= cutoff] + early, self.schema) as sampler:
                 eu = embed(student, sampler, users, at_ts, student.cfg, texts, dev)
                 ei = embed(student, sampler, list(self.data.items), at_ts, student.cfg, texts, dev)
-            curve = h.weight_curve(eu @ ei.T, lam, rank, C.weights_tried(self.cfg.weight_grid),
+            curve = h.weight_curve(eu @ ei.T, lam, rank, weights_tried(self.cfg.weight_grid),
                                    self.cfg.unit_users, days, fit_days, self.cfg.factorization)
             # unrounded (JSON keeps a float exactly): a resumed run chooses as an unbroken one
             per_user = {str(w): [float(x) for x in r] for w, r in curve.items()}
             per_user["popularity"] = [float(x) for x in h.popularity()]
-        return {"users": int(len(h.judged)), "l2": lam, "fit_days": C.taus_json(fit_days),
-                "recency_days": C.taus_json(days), "next_weight": next_weight, "rank": rank,
+        return {"users": int(len(h.judged)), "l2": lam, "fit_days": taus_json(fit_days),
+                "recency_days": taus_json(days), "next_weight": next_weight, "rank": rank,
                 "propagation_weight": prop_weight,
                 "propagation_recall@20": {f"{k:g}": round(v, 5) for k, v in prop_tried.items()},
                 "rank_recall@20": {str(k): round(v, 5) for k, v in rank_tried.items()},
                 # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
-                "l2_recall@20": {f"{k[0]:g}/{C.taus_label(k[1])}": round(v, 5) for k, v in l2_tried.items()},
+                "l2_recall@20": {f"{k[0]:g}/{taus_label(k[1])}": round(v, 5) for k, v in l2_tried.items()},
                 "next_recall@20": {f"{k:g}": round(v, 5) for k, v in next_tried.items()},
                 "per_user_recall@20": per_user}
 
@@ -176,7 +181,7 @@ class CollaborativeFit:
             pooled = {k: np.concatenate([np.asarray(w["per_user_recall@20"][k]) for w in usable])
                       for k in last["per_user_recall@20"]}
             popularity = pooled.pop("popularity", None)
-            weight, tried, why = C.choose_parts({float(k): v for k, v in pooled.items()}, popularity)
+            weight, tried, why = choose_parts({float(k): v for k, v in pooled.items()}, popularity)
             if popularity is not None:
                 tried["popularity"] = float(np.mean(popularity))
         choice = {k: last.get(k) for k in ("at", "usable", "l2", "fit_days", "recency_days",
@@ -194,8 +199,8 @@ class CollaborativeFit:
                                    for w in usable]})
         log.info("collaborative block: %d holdout window(s), %d users, chose lambda %g, fit tau %s "
                  "days, recency tau %s days, next-period weight %g, weight %g (%s)", len(usable),
-                 sum(w["users"] for w in usable), choice["l2"], C.taus_label(choice["fit_days"]),
-                 C.taus_label(choice["recency_days"]), choice["next_weight"] or 0.0, weight, why)
+                 sum(w["users"] for w in usable), choice["l2"], taus_label(choice["fit_days"]),
+                 taus_label(choice["recency_days"]), choice["next_weight"] or 0.0, weight, why)
         return choice
 
     def block(self, embs: np.ndarray, nodes: list[str], sampler: ViewSampler,
@@ -207,7 +212,7 @@ class CollaborativeFit:
             return None
         choice = self.choice if self.choice and self.choice.get("usable") else None
         if choice is not None and not encoder_ok:
-            choice = dict(choice, weight=C.BLOCK_ALONE, why="the encoder collapsed: the block alone")
+            choice = dict(choice, weight=BLOCK_ALONE, why="the encoder collapsed: the block alone")
         if choice is None:
             h = self._holdout(self.start)
             fit_days = self.cfg.fits(self.window_days)[0]
@@ -215,16 +220,16 @@ class CollaborativeFit:
                 else sorted(self.cfg.l2_grid)[len(self.cfg.l2_grid) // 2]
             weight = self.cfg.weight if self.cfg.weight is not None else DEFAULT_WEIGHT
             if not encoder_ok:
-                weight = C.BLOCK_ALONE
+                weight = BLOCK_ALONE
             log.warning("collaborative block: no holdout chunk to choose its weight on; weight %g", weight)
             choice = {"l2": lam, "weight": weight, "usable": False, "why": "no usable holdout",
-                      "fit_days": C.taus_json(fit_days),
-                      "recency_days": C.taus_json(self.cfg.recency_taus(self.window_days)),
+                      "fit_days": taus_json(fit_days),
+                      "recency_days": taus_json(self.cfg.recency_taus(self.window_days)),
                       "rank": min(self.cfg.ranks()),
                       "next_weight": self.cfg.next_weights()[0],
                       "propagation_weight": self.cfg.propagation_weights()[0]}
         codes = self.schema.action_codes()
-        block = C.fit(self.data, choice["l2"], choice.get("rank") or min(self.cfg.ranks()),
+        block = fit(self.data, choice["l2"], choice.get("rank") or min(self.cfg.ranks()),
                       [codes[a] for a in self.positive],
                       (self.schema.user_type,), {"holdout": choice}, self.cfg.unit_users,
                       choice.get("recency_days") or 0.0, choice.get("fit_days") or 0.0,
@@ -239,4 +244,4 @@ class CollaborativeFit:
         raw = block_rows(block, sampler, users, codes)
         key = block.key[[block.row[n] for n in items]]
         enc = embs[[row[n] for n in users]] @ embs[[row[n] for n in items]].T
-        return C.scaled(block, enc, raw @ key.T, choice["weight"])
+        return scaled(block, enc, raw @ key.T, choice["weight"])

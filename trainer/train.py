@@ -43,6 +43,7 @@ from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.views import STUDENT, TEACHER, ViewConfig
 from hirflow.trainer import losses as L
+from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.trainer.collapse import CollapseWatch, health
 from hirflow.trainer import resume as resume_mod
 from hirflow.trainer.collaborative_fit import CollaborativeFit
@@ -114,8 +115,7 @@ class TrainConfig:
     student_view: ViewConfig = STUDENT
     quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
     # the served embedding's collaborative coordinates (low-rank EASE^R; rank 0: none)
-    collaborative: collaborative.CollaborativeConfig = field(
-        default_factory=collaborative.CollaborativeConfig)
+    collaborative: CollaborativeConfig = field(default_factory=CollaborativeConfig)
     log_path: str | None = None      # JSON lines, one per step
     sample_workers: int = 1          # threads sampling + packing ahead of the model (0: inline)
     prefetch: int = 4                # batches they may run ahead

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-from hirflow.encoder.collaborative import CollaborativeConfig
+from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.encoder.model import EncoderConfig
 from hirflow.encoder.quantize import QuantizerConfig
 from hirflow.state.config import ConfigError

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from hirflow.encoder import collaborative as C
+from hirflow.trainer.block_config import CollaborativeConfig
+from hirflow.trainer.holdout import Holdout, choose_parts
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
 from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig
@@ -30,7 +31,7 @@ def world():
 def fitter(world, **kw):
     events, schema, _ = world
     kw.setdefault("holdout", 0.2)
-    return CollaborativeFit(events, schema, C.CollaborativeConfig(rank=16, **kw))
+    return CollaborativeFit(events, schema, CollaborativeConfig(rank=16, **kw))
 
 
 def test_the_weight_is_chosen_on_every_window_s_users_together(world):
@@ -56,18 +57,18 @@ def test_the_weight_is_chosen_on_every_window_s_users_together(world):
     pooled = {k: np.concatenate([np.asarray(w["per_user_recall@20"][k]) for w in fit.windows])
               for k in fit.windows[-1]["per_user_recall@20"]}
     popularity = pooled.pop("popularity")
-    weight, _, why = C.choose_parts({float(k): v for k, v in pooled.items()}, popularity)
+    weight, _, why = choose_parts({float(k): v for k, v in pooled.items()}, popularity)
     assert choice["weight"] == weight and choice["why"] == why
     # lambda, the fit and the users' weights are the last window's own
-    last_alone = C.Holdout.at_time(fit.data, last)
+    last_alone = Holdout.at_time(fit.data, last)
     assert choice["l2"] == last_alone.choose_fit(fit.cfg.l2_grid, fit.cfg.fits(fit.window_days))[0]
 
 
 def test_a_window_s_truth_ends_where_the_next_window_starts(world):
     fit = fitter(world, weight_windows=2)
     first, last = fit.starts
-    h = C.Holdout.at_time(fit.data, first, last)
-    whole = C.Holdout.at_time(fit.data, first)
+    h = Holdout.at_time(fit.data, first, last)
+    whole = Holdout.at_time(fit.data, first)
     after = fit.data.matrix(before=last, since=first)
     assert 0 < len(h.judged) <= len(whole.judged)
     assert all(after[u, t].min() > 0 for u, t in zip(h.judged, h.truth))
@@ -109,9 +110,9 @@ def test_a_fixed_weight_needs_the_last_window_only(world):
 
 def test_the_config_refuses_windows_that_leave_the_training_window():
     with pytest.raises(ValueError, match="weight_windows"):
-        C.CollaborativeConfig(holdout=0.25, weight_windows=4)
+        CollaborativeConfig(holdout=0.25, weight_windows=4)
     with pytest.raises(ValueError, match="weight_windows"):
-        C.CollaborativeConfig(weight_windows=0)
+        CollaborativeConfig(weight_windows=0)
 
 
 def test_windows_are_added_until_enough_users_with_a_history_are_judged(world):

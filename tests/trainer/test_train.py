@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hirflow.encoder.checkpoint import load
-from hirflow.encoder.collaborative import weights_tried
+from hirflow.trainer.holdout import weights_tried
 from hirflow.encoder.model import EncoderConfig
 from hirflow.encoder.quantize import QuantizerConfig
 from hirflow.state.events import Engagement

@@ -1,7 +1,7 @@
 """Next-period regression: item-item weights that map what a user had engaged before a cut
 to the items the user engaged for the first time in the period after it.
 
-EASE^R (`encoder.collaborative`) learns which items go together in a user's history; what a
+EASE^R (`trainer.item_item`) learns which items go together in a user's history; what a
 served ranking is judged on is different: which items, new to the user, come next. A ridge
 regression says that directly. At `periods` cuts, each one `span` before the next and the
 last one `span` before the window's end, X_k holds the users' binary histories before cut k
@@ -11,7 +11,7 @@ cuts,
     N = (X^T X + lambda I)^-1 X^T Y
 
 and a user's scores are x_u N, an inner product through the same item-item form as EASE^R's,
-so `collaborative.block_weights` adds N to EASE^R's weights before the block is cut to its
+so `item_item.block_weights` adds N to EASE^R's weights before the block is cut to its
 rank. Only the last few periods count: what is bought new now moves with the season, and on
 Online Retail's windows before its test window two periods ranked better than four, four
 better than twelve (docs/evaluation.md). Rows are the users who engaged something new in a

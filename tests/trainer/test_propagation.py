@@ -1,11 +1,12 @@
 """The graph propagation part of the block: the GF-CF filter, added at unit score spread,
 its weight chosen on the holdout only on a clear lead."""
 import numpy as np
-import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
-from hirflow.encoder import collaborative as C
-from hirflow.encoder.propagation import Propagation, propagation_weights
+from hirflow.trainer.holdout import Holdout
+from hirflow.trainer.interactions import Interactions
+from hirflow.trainer.item_item import block_weights, score_rms, users_gram
+from hirflow.trainer.propagation import Propagation, propagation_weights
 
 
 @settings(max_examples=30, deadline=None)
@@ -30,16 +31,16 @@ def test_the_block_adds_it_at_unit_spread_and_the_holdout_keeps_it_only_on_a_cle
             users.append(f"user:{u}")
             items.append(f"product:{i}")
             t.append(u * 10 + k)
-    data = C.Interactions.of(list(zip(users, items, t)), ("user",), ("product",), max_items=100)
+    data = Interactions.of(list(zip(users, items, t)), ("user",), ("product",), max_items=100)
     r, c, tt = data.arrays()
-    plain = C.block_weights(r, c, tt, data.shape, 10.0, 0.0)
-    both = C.block_weights(r, c, tt, data.shape, 10.0, 0.0, prop=Propagation(2, 0.5))
+    plain = block_weights(r, c, tt, data.shape, 10.0, 0.0)
+    both = block_weights(r, c, tt, data.shape, 10.0, 0.0, prop=Propagation(2, 0.5))
     p = propagation_weights(r, c, data.shape, 2)
-    gram = C.users_gram(r, c, data.shape)
-    want = plain / C.score_rms(plain, gram, data.shape) + 0.5 * p / C.score_rms(p, gram, data.shape)
+    gram = users_gram(r, c, data.shape)
+    want = plain / score_rms(plain, gram, data.shape) + 0.5 * p / score_rms(p, gram, data.shape)
     np.testing.assert_allclose(both, want, rtol=1e-9)
-    assert np.array_equal(C.block_weights(r, c, tt, data.shape, 10.0, 0.0, prop=Propagation(2, 0.0)), plain)
-    h = C.Holdout.at_time(data, data.quantile_time(0.8))
+    assert np.array_equal(block_weights(r, c, tt, data.shape, 10.0, 0.0, prop=Propagation(2, 0.0)), plain)
+    h = Holdout.at_time(data, data.quantile_time(0.8))
     weight, tried = h.choose_propagation(10.0, 0.0, 0.0, 2, (0.0, 0.5, 1.0))
     assert set(tried) == {0.0, 0.5, 1.0} and weight in tried
     if weight > 0:

@@ -3,11 +3,11 @@
 LightGCN's layers without training are a linear filter on the users x items matrix R
 (Shen et al. 2021, GF-CF): with R~ = D_u^-1/2 R D_i^-1/2, one layer scores a user's items as
 r_u P, P = R~^T R~ (co-engagement, each pair discounted by how active its users and how
-popular its items are), `layers` layers as r_u P^layers. EASE^R (`encoder.collaborative`)
+popular its items are), `layers` layers as r_u P^layers. EASE^R (`trainer.item_item`)
 regresses each item on the others; this spreads a user's items over the co-engagement graph,
 reaching items two steps away. Both are item-item matrices scored by the same inner product,
-so `collaborative.block_weights` can add P^layers to EASE^R's weights before the block is
-cut to its rank; the trainer's holdout chooses how much (`Holdout.choose_propagation`).
+so `item_item.block_weights` can add P^layers to EASE^R's weights before the block is
+cut to its rank; the trainer's holdout chooses how much (`holdout.Holdout.choose_propagation`).
 
 numpy and scipy only.
 """

@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hirflow.encoder import collaborative as C
-from hirflow.encoder.next_period import NextPeriod, next_period_weights
+from hirflow.trainer import block_fit
+from hirflow.trainer.block_config import CollaborativeConfig
+from hirflow.trainer.holdout import Holdout, clear_lead
+from hirflow.trainer.interactions import Interactions
+from hirflow.trainer.item_item import block_weights, ease_scales, ease_weights
+from hirflow.trainer.next_period import NextPeriod, next_period_weights
 
 DAY = C.DAY_MS
 
@@ -62,7 +67,7 @@ def test_what_comes_next_is_what_the_weights_point_to():
     rows, cols, t = np.array(rows), np.array(cols), np.array(t, float)
     n = next_period_weights(rows, cols, t, (40, 3), 1.0, 2, 10 * DAY, 25 * DAY)
     assert n[0, 1] > 0.4 and abs(n[0, 2]) < 1e-9 and abs(n[1, 0]) < 1e-9
-    b = C.ease_weights(C.recency_weighted(rows, cols, t, (40, 3), 0.0), 1.0)
+    b = ease_weights(C.recency_weighted(rows, cols, t, (40, 3), 0.0), 1.0)
     assert b[0, 2] == pytest.approx(b[0, 1], rel=0.2)
 
 
@@ -73,15 +78,15 @@ def test_the_block_adds_them_at_unit_spread_and_the_holdout_chooses_their_weight
     shape = (30, 12)
     base = NextPeriod(2, 15 * DAY, 50.0, 0.0)
     # inactive (no weight, or no periods): EASE^R's weights unchanged
-    ease = C.ease_scales(rows, cols, t, shape, 5.0, (10.0, 60.0))
-    np.testing.assert_array_equal(C.block_weights(rows, cols, t, shape, 5.0, (10.0, 60.0), base), ease)
+    ease = ease_scales(rows, cols, t, shape, 5.0, (10.0, 60.0))
+    np.testing.assert_array_equal(block_weights(rows, cols, t, shape, 5.0, (10.0, 60.0), base), ease)
     np.testing.assert_array_equal(
-        C.block_weights(rows, cols, t, shape, 5.0, (10.0, 60.0), NextPeriod(0, 15 * DAY, 50.0, 1.0)), ease)
+        block_weights(rows, cols, t, shape, 5.0, (10.0, 60.0), NextPeriod(0, 15 * DAY, 50.0, 1.0)), ease)
     # active: both parts at unit root-mean-square score over the binary users, then summed
     x = C.recency_weighted(rows, cols, t, shape, 0.0).toarray()
     n = next_period_weights(rows, cols, t, shape, 50.0, 2, 15 * DAY, int(t.max()) + 1)
     rms = lambda b: np.sqrt(np.mean((x @ b) ** 2))
-    got = C.block_weights(rows, cols, t, shape, 5.0, (10.0, 60.0), NextPeriod(2, 15 * DAY, 50.0, 0.5))
+    got = block_weights(rows, cols, t, shape, 5.0, (10.0, 60.0), NextPeriod(2, 15 * DAY, 50.0, 0.5))
     np.testing.assert_allclose(got, ease / rms(ease) + 0.5 * n / rms(n), rtol=1e-6, atol=1e-9)
 
 
@@ -100,40 +105,40 @@ def test_the_holdout_keeps_the_chosen_part_and_solves_it_as_the_fit_does():
         pairs += [(f"user:{u}", f"product:{g}.anchor", t0 * DAY)]
         pairs += [(f"user:{u}", f"product:{g}.c{c}", t0 * DAY) for c in rng.choice(25, 5, replace=False)]
         pairs += [(f"user:{u}", f"product:{g}.n{int(rng.integers(0, 25))}", (t0 + 10) * DAY)]
-    data = C.Interactions.of(sorted(pairs, key=lambda p: p[2]), ("user",), ("product",), 500)
+    data = Interactions.of(sorted(pairs, key=lambda p: p[2]), ("user",), ("product",), 500)
     at = data.quantile_time(0.85)
     base = NextPeriod(2, 10 * DAY, 100.0, 0.0)
-    h = C.Holdout.at_time(data, at)
+    h = Holdout.at_time(data, at)
     lam, fit, _ = h.choose_fit((10.0,), ((15.0, 60.0),))
     weight, tried = h.choose_next(lam, fit, 0.0, base, (0.0, 0.5, 1.0))
     assert set(tried) == {0.0, 0.5, 1.0} and tried[weight] == max(tried.values())
     assert weight > 0 and tried[weight] > tried[0.0] + 0.1       # what comes next is learnable
     assert h.nxt == NextPeriod(2, 10 * DAY, 100.0, weight)
-    fresh = C.block_weights(*h.history, h.before.shape, lam, fit, h.nxt, at)
+    fresh = block_weights(*h.history, h.before.shape, lam, fit, h.nxt, at)
     np.testing.assert_allclose(h.ease(lam, fit), fresh, rtol=1e-6, atol=1e-9)
-    block = C.fit(data, lam, 4, [0], ("user",), fit_days=fit, nxt=h.nxt)
+    block = block_fit.fit(data, lam, 4, [0], ("user",), fit_days=fit, nxt=h.nxt)
     assert block.settings["next_weight"] == weight and block.settings["next_periods"] == 2
 
 
 def test_the_config_offers_the_holdout_its_weights():
-    assert C.CollaborativeConfig().next_weights() == C.CollaborativeConfig().next_grid
-    assert C.CollaborativeConfig(next_weight=0.7).next_weights() == (0.7,)
-    assert C.CollaborativeConfig(next_periods=0).next_weights() == (0.0,)
+    assert CollaborativeConfig().next_weights() == CollaborativeConfig().next_grid
+    assert CollaborativeConfig(next_weight=0.7).next_weights() == (0.7,)
+    assert CollaborativeConfig(next_periods=0).next_weights() == (0.0,)
     for bad in ({"next_periods": -1}, {"next_l2": 0.0}, {"next_weight": -1.0}, {"next_grid": ()}):
         with pytest.raises(ValueError, match="next_"):
-            C.CollaborativeConfig(**bad)
+            CollaborativeConfig(**bad)
 
 
 @settings(max_examples=50, deadline=None)
 @given(a=st.lists(st.floats(0, 1), min_size=2, max_size=40), shift=st.floats(1e-3, 1))
 def test_a_clear_lead_is_more_than_one_standard_error(a, shift):
     a = np.array(a)
-    assert C.clear_lead(a + shift, a)                       # the same lead for every user
-    assert not C.clear_lead(a, a)                           # no lead
+    assert clear_lead(a + shift, a)                       # the same lead for every user
+    assert not clear_lead(a, a)                           # no lead
     b = a[::-1]
-    assert not (C.clear_lead(a, b) and C.clear_lead(b, a))
+    assert not (clear_lead(a, b) and clear_lead(b, a))
     d = a - b
-    assert C.clear_lead(a, b) == (d.mean() > d.std(ddof=1) / np.sqrt(len(d)))
+    assert clear_lead(a, b) == (d.mean() > d.std(ddof=1) / np.sqrt(len(d)))
 
 
 def test_a_lead_inside_the_noise_keeps_the_block_as_it_was():
@@ -146,13 +151,13 @@ def test_a_lead_inside_the_noise_keeps_the_block_as_it_was():
         t0, g = int(rng.integers(0, 50)), int(rng.integers(0, 4))
         pairs += [(f"user:{u}", f"product:{g}.{int(c)}", t0 * DAY) for c in rng.choice(20, 4, replace=False)]
         pairs += [(f"user:{u}", f"product:{int(rng.integers(0, 4))}.{int(rng.integers(0, 20))}", (t0 + 10) * DAY)]
-    data = C.Interactions.of(sorted(pairs, key=lambda p: p[2]), ("user",), ("product",), 500)
+    data = Interactions.of(sorted(pairs, key=lambda p: p[2]), ("user",), ("product",), 500)
     at = data.quantile_time(0.85)
-    h = C.Holdout.at_time(data, at)
+    h = Holdout.at_time(data, at)
     lam, fit, _ = h.choose_fit((10.0,), ((15.0, 60.0),))
     weight, tried = h.choose_next(lam, fit, 0.0, NextPeriod(2, 10 * DAY, 100.0, 0.0), (0.0, 0.5, 1.0))
     assert weight == 0.0 and max(tried.values()) > tried[0.0], tried     # a lead, not kept
-    np.testing.assert_array_equal(h.ease(lam, fit), C.ease_scales(*h.history, h.before.shape, lam, fit))
+    np.testing.assert_array_equal(h.ease(lam, fit), ease_scales(*h.history, h.before.shape, lam, fit))
     # no periods: nothing to try, nothing added
     assert h.choose_next(lam, fit, 0.0, NextPeriod(0, 10 * DAY, 100.0, 0.0), (0.0,)) == (0.0, {})
     assert h.nxt is None
