@@ -135,18 +135,28 @@ class Holdout:
         b = self.ease(lam, fit_days)
         n = next_period_weights(*self.history, self.before.shape, base.l2, base.periods,
                                 base.span, self.at)
+        best, tried, blended = self._choose_added(b, n, recency_days, grid)
+        self.nxt = replace(base, weight=best)
+        self._ease = ((lam, taus_of(fit_days), self.nxt, self.prop), blended)
+        return best, tried
+
+    def _choose_added(self, b: np.ndarray, extra: np.ndarray, recency_days, grid: Sequence[float]
+                      ) -> tuple[float, dict[float, float], np.ndarray]:
+        """The weight of `extra` added to the block's weights `b`, each at unit score spread
+        (`blend`), by the holdout Recall@20 of the block alone: the best (ties to the first),
+        kept only when it leads the grid's lightest weight by more than one standard error of
+        the users' paired difference (`clear_lead`), else that lightest weight.
+        -> (weight, Recall@20 per weight, the blended weights)."""
         gram = users_gram(self.history[0], self.history[1], self.before.shape)
-        spreads = score_rms(b, gram, self.before.shape), score_rms(n, gram, self.before.shape)
+        spreads = score_rms(b, gram, self.before.shape), score_rms(extra, gram, self.before.shape)
         queries = self.queries(recency_days)
-        per_user = {w: self.per_user(np.asarray(queries @ blend(b, n, spreads, w))) for w in grid}
+        per_user = {w: self.per_user(np.asarray(queries @ blend(b, extra, spreads, w))) for w in grid}
         tried = {w: float(r.mean()) for w, r in per_user.items()}
         best = max(tried, key=tried.get)
         lightest = min(grid)
         if not clear_lead(per_user[best], per_user[lightest]):
             best = lightest
-        self.nxt = replace(base, weight=best)
-        self._ease = ((lam, taus_of(fit_days), self.nxt, self.prop), blend(b, n, spreads, best))
-        return best, tried
+        return best, tried, blend(b, extra, spreads, best)
 
     def choose_propagation(self, lam: float, fit_days: float | Sequence[float],
                            recency_days: float | Sequence[float], layers: int,
@@ -161,17 +171,9 @@ class Holdout:
             return min(grid), {}
         b = self.ease(lam, fit_days)
         p = propagation_weights(self.history[0], self.history[1], self.before.shape, layers)
-        gram = users_gram(self.history[0], self.history[1], self.before.shape)
-        spreads = score_rms(b, gram, self.before.shape), score_rms(p, gram, self.before.shape)
-        queries = self.queries(recency_days)
-        per_user = {w: self.per_user(np.asarray(queries @ blend(b, p, spreads, w))) for w in grid}
-        tried = {w: float(r.mean()) for w, r in per_user.items()}
-        best = max(tried, key=tried.get)
-        lightest = min(grid)
-        if not clear_lead(per_user[best], per_user[lightest]):
-            best = lightest
+        best, tried, blended = self._choose_added(b, p, recency_days, grid)
         self.prop = Propagation(layers, best)
-        self._ease = ((lam, taus_of(fit_days), self.nxt, self.prop), blend(b, p, spreads, best))
+        self._ease = ((lam, taus_of(fit_days), self.nxt, self.prop), blended)
         return best, tried
 
     def choose_rank(self, recency_days: float | Sequence[float], ranks: Sequence[int],
