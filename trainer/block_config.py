@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FACTORIZATIONS = ("reduced_rank", "svd")
 
 
 @dataclass(frozen=True)
@@ -47,9 +46,6 @@ class CollaborativeConfig:
                                      # the fits at every tau of `fit_windows` summed, each at
                                      # unit score spread)
     fit_windows: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)     # in holdout windows
-    factorization: str = "reduced_rank"   # how B is cut to `rank`: "reduced_rank" (the rank-r
-                                          # model closest to EASE^R's scores of the training
-                                          # users) or "svd" (B's own truncated SVD)
     next_periods: int = 2            # periods of the next-period regression added to EASE^R
                                      # (`trainer.next_period`; 0: none), each as long as the
                                      # holdout window; on Online Retail's windows before its
@@ -75,7 +71,6 @@ class CollaborativeConfig:
                 or self.weight_windows < 1 or self.holdout * self.weight_windows >= 1 \
                 or self.min_holdout_users < 0 or not 0 < self.max_holdout_share < 1 \
                 or not self.weight_grid or min(self.weight_grid) < 0 \
-                or self.factorization not in FACTORIZATIONS \
                 or (self.recency_days is not None and self.recency_days < 0) \
                 or not self.recency_windows or min(self.recency_windows) < 0 \
                 or (self.fit_days is not None and self.fit_days < 0) \
@@ -90,7 +85,7 @@ class CollaborativeConfig:
                              "None, max_items >= 2, holdout in (0, 1), weight_windows >= 1 with "
                              "holdout x weight_windows < 1, min_holdout_users >= 0, "
                              "max_holdout_share in (0, 1), non-empty l2_grid (> 0) and "
-                             f"weight_grid (>= 0), factorization one of {FACTORIZATIONS}, "
+                             "weight_grid (>= 0), "
                              "recency_days and fit_days >= 0 or None, non-empty recency_windows "
                              "and fit_windows (>= 0), next_periods >= 0, next_l2 > 0, "
                              "next_weight >= 0 or None, non-empty next_grid (>= 0), "

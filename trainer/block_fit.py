@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 from hirflow.encoder.collaborative import DAY_MS, CollaborativeBlock, recency_weighted
 from hirflow.trainer.interactions import Interactions
-from hirflow.trainer.item_item import block_weights, factors, taus_json
+from hirflow.trainer.item_item import block_weights, reduced_rank, taus_json
 from hirflow.trainer.next_period import NextPeriod, binary
 from hirflow.trainer.propagation import Propagation
 
@@ -20,11 +20,11 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
         query_types: Sequence[str], settings: Mapping | None = None,
         unit_users: bool = True, recency_days: float | Sequence[float] = 0.0,
         fit_days: float | Sequence[float] = 0.0,
-        factorization: str = "reduced_rank", nxt: NextPeriod | None = None,
+        nxt: NextPeriod | None = None,
         prop: Propagation | None = None) -> CollaborativeBlock | None:
     """EASE^R with `lam` on all of `data`, its pairs weighted by recency with tau `fit_days`
     (0: binary; several taus: their fits summed, `ease_scales`), cut to `rank` (at most
-    items - 1) by `factorization`, unscaled (`scaled` sets its
+    items - 1) by reduced-rank regression, unscaled (`scaled` sets its
     weight); users' blocks of unit length with `unit_users`, their items weighted by recency
     with tau `recency_days` (0: alike; several: their weights averaged); the next-period
     part `nxt` added to EASE^R's weights before the cut (`block_weights`, its periods ending
@@ -34,7 +34,7 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
     rank = min(rank, len(data.items) - 1)
     arrays = data.arrays()
     b = block_weights(*arrays, data.shape, lam, fit_days, nxt, prop=prop)
-    q, k = factors(b, recency_weighted(*arrays, data.shape, 0.0), rank, factorization)
+    q, k = reduced_rank(b, recency_weighted(*arrays, data.shape, 0.0), rank)
     extra = {"user_norm": 1.0} if unit_users else {}
     items = tuple(data.items)
     if data.tail:
@@ -48,7 +48,7 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
     return CollaborativeBlock(items, q, k, tuple(sorted(actions)), tuple(query_types),
                               dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
                                    users=len(data.users), recency_days=taus_json(recency_days),
-                                   fit_days=taus_json(fit_days), factorization=factorization,
+                                   fit_days=taus_json(fit_days),
                                    **next_settings(nxt), **propagation_settings(prop), **extra))
 
 

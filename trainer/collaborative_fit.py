@@ -144,7 +144,7 @@ class CollaborativeFit:
                                                 self.cfg.next_weights())
         prop_weight, prop_tried = h.choose_propagation(lam, fit_days, days, self.cfg.propagation_layers,
                                                        self.cfg.propagation_weights())
-        rank, rank_tried = h.choose_rank(days, self.cfg.ranks(), self.cfg.factorization)
+        rank, rank_tried = h.choose_rank(days, self.cfg.ranks())
         per_user = {}
         if self.cfg.weight is None:
             users = [self.data.users[i] for i in h.judged]
@@ -156,7 +156,7 @@ class CollaborativeFit:
                 eu = embed(student, sampler, users, at_ts, student.cfg, texts, dev)
                 ei = embed(student, sampler, list(self.data.items), at_ts, student.cfg, texts, dev)
             curve = h.weight_curve(eu @ ei.T, lam, rank, weights_tried(self.cfg.weight_grid),
-                                   self.cfg.unit_users, days, fit_days, self.cfg.factorization)
+                                   self.cfg.unit_users, days, fit_days)
             # unrounded (JSON keeps a float exactly): a resumed run chooses as an unbroken one
             per_user = {str(w): [float(x) for x in r] for w, r in curve.items()}
             per_user["popularity"] = [float(x) for x in h.popularity()]
@@ -233,7 +233,6 @@ class CollaborativeFit:
                       [codes[a] for a in self.positive],
                       (self.schema.user_type,), {"holdout": choice}, self.cfg.unit_users,
                       choice.get("recency_days") or 0.0, choice.get("fit_days") or 0.0,
-                      self.cfg.factorization,
                       replace(self.next_base, weight=choice.get("next_weight") or 0.0),
                       Propagation(self.cfg.propagation_layers, choice.get("propagation_weight") or 0.0))
         if block is None:

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 
 from hirflow.encoder.collaborative import recency_weighted, taus_of, user_rows
 from hirflow.trainer.interactions import Interactions
-from hirflow.trainer.item_item import block_weights, blend, factors, score_rms, users_gram
+from hirflow.trainer.item_item import block_weights, blend, reduced_rank, score_rms, users_gram
 from hirflow.trainer.next_period import NextPeriod, binary, first_engagements, next_period_weights
 from hirflow.trainer.propagation import Propagation, propagation_weights
 
@@ -176,8 +176,8 @@ class Holdout:
         self._ease = ((lam, taus_of(fit_days), self.nxt, self.prop), blended)
         return best, tried
 
-    def choose_rank(self, recency_days: float | Sequence[float], ranks: Sequence[int],
-                    factorization: str = "reduced_rank") -> tuple[int, dict[int, float]]:
+    def choose_rank(self, recency_days: float | Sequence[float], ranks: Sequence[int]
+                    ) -> tuple[int, dict[int, float]]:
         """The block's width by the holdout Recall@20 of the block alone (the last solve's
         weights, users' items weighted by `recency_days`, cut to each rank of `ranks`): the
         narrowest, unless a wider one leads it by more than a standard error (`clear_lead`),
@@ -189,7 +189,7 @@ class Holdout:
         n = b.shape[0]
         per_user = {}
         for r in sorted(set(ranks)):
-            q, k = factors(b, self.before, min(r, n - 1), factorization)
+            q, k = reduced_rank(b, self.before, min(r, n - 1))
             per_user[r] = self.per_user(user_rows(queries, q, 1.0) @ k.T)
             if r >= n - 1:
                 break
@@ -202,13 +202,12 @@ class Holdout:
     def weight_curve(self, encoder_scores: np.ndarray, lam: float, rank: int,
                      grid: Sequence[float], unit_users: bool = True,
                      recency_days: float | Sequence[float] = 0.0,
-                     fit_days: float | Sequence[float] = 0.0,
-                     factorization: str = "reduced_rank") -> dict[float, np.ndarray]:
+                     fit_days: float | Sequence[float] = 0.0) -> dict[float, np.ndarray]:
         """Per weight of `grid`, each judged user's Recall@20 of `encoder_scores` plus the
         block at that weight (its scores' spread over the encoder's); users' blocks of unit
         length with `unit_users` and items weighted by `recency_days`, EASE^R fitted with
-        `fit_days` and cut to `rank` by `factorization`, as `fit` serves them."""
-        q, k = factors(self.ease(lam, fit_days), self.before, rank, factorization)
+        `fit_days` and cut to `rank`, as `fit` serves them."""
+        q, k = reduced_rank(self.ease(lam, fit_days), self.before, rank)
         block = user_rows(self.queries(recency_days), q, 1.0 if unit_users else None) @ k.T
         spread = float(np.std(block)) or 1.0
         unit = float(np.std(encoder_scores)) / spread

@@ -17,7 +17,6 @@ from typing import Sequence
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
-from scipy.sparse.linalg import svds
 
 from hirflow.encoder.collaborative import DAY_MS, latest_per_pair, recency_weighted, taus_of
 from hirflow.trainer.next_period import NextPeriod, binary, next_period_weights
@@ -126,31 +125,14 @@ def blend(b: np.ndarray, n: np.ndarray, spreads: tuple[float, float], weight: fl
     return b / rb + weight * n / rn
 
 
-def truncated(b: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """(U_r S_r^1/2, V_r S_r^1/2): B's best rank-r approximation as a product. A full SVD
-    up to the default vocabulary's 5,000 items; ARPACK's top-r (scipy `svds`, from a fixed
-    start vector, so every run gets the same factors) beyond, where a full SVD of I x I
-    takes minutes (10,000 items: 103 s against an estimated 250 on 2 cores)."""
-    n = min(b.shape)
-    if n <= 5000 or rank >= n // 4:
-        u, s, vt = np.linalg.svd(b)
-        u, s, vt = u[:, :rank], s[:rank], vt[:rank]
-    else:
-        u, s, vt = svds(b, k=rank, v0=np.full(n, n ** -0.5), tol=0)
-        order = np.argsort(-s, kind="stable")
-        u, s, vt = u[:, order], s[order], vt[order]
-    root = np.sqrt(s)
-    return (u * root).astype(np.float32), (vt.T * root).astype(np.float32)
-
-
 def reduced_rank(b: np.ndarray, x: sp.csr_matrix, rank: int) -> tuple[np.ndarray, np.ndarray]:
     """(B V D^-1/2, V D^1/2): the rank-r model x B V V^T closest (in squared error over the
     users x items scores) to EASE^R's scores x B of the users of `x` (their binary
     histories), V the top-r eigenvectors of (X B)^T (X B), D their singular values relative
     to the largest (the inner product is x B V V^T whatever D; D keeps the key's columns
     ordered by weight, as the SVD's are). (X B)^T (X B) is formed as B^T (X^T X) B, so memory
-    stays I x I whatever the number of users. Cheaper than `truncated`: two I x I products
-    and the top-r eigenvectors of a symmetric matrix (3,600 items, rank 128, 2 cores: 3.4 s
+    stays I x I whatever the number of users. Two I x I products and the top-r
+    eigenvectors of a symmetric matrix (3,600 items, rank 128, 2 cores: 3.4 s
     with 4,300 users, 4.0 s with 40,000, against 10.1 s for B's SVD)."""
     n = b.shape[0]
     rank = min(rank, n)
@@ -161,9 +143,3 @@ def reduced_rank(b: np.ndarray, x: sp.csr_matrix, rank: int) -> tuple[np.ndarray
     sv = np.sqrt(val)
     root = np.sqrt(np.maximum(sv / sv[0], 1e-6)) if sv[0] > 0 else np.ones(rank)
     return (b @ vec / root).astype(np.float32), (vec * root).astype(np.float32)
-
-
-def factors(b: np.ndarray, x: sp.csr_matrix, rank: int, how: str) -> tuple[np.ndarray, np.ndarray]:
-    """(query, key) of rank `rank` for EASE^R's weights `b`, fitted on users `x` (binary):
-    `reduced_rank` or B's `truncated` SVD."""
-    return reduced_rank(b, x, rank) if how == "reduced_rank" else truncated(b, rank)

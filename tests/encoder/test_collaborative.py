@@ -12,7 +12,7 @@ from hirflow.trainer import block_fit
 from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.trainer.holdout import BLOCK_ALONE, ENCODER_ALONE, Holdout, choose_parts, clear_lead, weights_tried
 from hirflow.trainer.interactions import Interactions
-from hirflow.trainer.item_item import ease_scales, ease_weights, fit_weighted, reduced_rank, truncated
+from hirflow.trainer.item_item import ease_scales, ease_weights, fit_weighted, reduced_rank
 from hirflow.trainer.next_period import binary
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.node import OUT, NodeState
@@ -51,15 +51,11 @@ def test_a_block_scores_as_rank_truncated_ease_and_the_holdout_chooses_from_its_
     assert set(curve) == {0.0, 0.5, 2.0, BLOCK_ALONE}
     assert all(len(r) == len(h.judged) for r in curve.values())
 
-    block = block_fit.fit(data, lam, 64, [3], ("user",), factorization="svd")
-    assert block.items == tuple(sorted(ITEMS)) and block.rank == 5   # at most items - 1
     b = ease_weights(data.matrix(), lam)
-    u, s, vt = np.linalg.svd(b)
-    np.testing.assert_allclose(block.query @ block.key.T, (u[:, :5] * s[:5]) @ vt[:5], atol=1e-5)
-    reduced = block_fit.fit(data, lam, 64, [3], ("user",))                  # the default
-    assert reduced.settings["factorization"] == "reduced_rank" and reduced.rank == 5
+    block = block_fit.fit(data, lam, 64, [3], ("user",))
+    assert block.items == tuple(sorted(ITEMS)) and block.rank == 5   # at most items - 1
     q, k = reduced_rank(b, data.matrix(), 5)
-    np.testing.assert_allclose(reduced.query @ reduced.key.T, q @ k.T, atol=1e-6)
+    np.testing.assert_allclose(block.query @ block.key.T, q @ k.T, atol=1e-6)
     # encoder scores spread (std) 2, block scores 0.5, weight 0.5: block scores times 2
     scaled = block_fit.scaled(block, np.array([0.0, 4.0]), np.array([0.0, 1.0]), 0.5)
     assert scaled.settings["scale"] == 2.0
@@ -380,18 +376,6 @@ def test_served_embeddings_carry_the_block_through_the_checkpoint(tiny_checkpoin
         raise AssertionError("a model with a block encoded without the anchors' adjacencies")
 
 
-def test_large_catalogues_truncate_with_arpack_to_the_same_product():
-    """Past 5,000 items the top-r factors come from ARPACK: the same rank-r product as the
-    full SVD's."""
-    rng = np.random.default_rng(3)
-    n, r = 5200, 8
-    low = rng.standard_normal((n, r)) @ np.diag(np.arange(r, 0, -1.0) * 10) @ rng.standard_normal((r, n)) / n
-    b = low + rng.standard_normal((n, n)) * 1e-4 / n
-    q, k = truncated(b, r)
-    assert q.shape == k.shape == (n, r)
-    np.testing.assert_allclose(q @ k.T, low, atol=1e-6)       # the noise is 1e-4 / n
-
-
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2 ** 31 - 1), users=st.integers(5, 60), items=st.integers(3, 30),
        density=st.floats(0.05, 0.6), lam=st.floats(0.1, 100.0), rank=st.integers(1, 30))
@@ -407,16 +391,14 @@ def test_the_reduced_rank_is_the_rank_r_model_closest_to_easer_on_its_users(seed
     rank = min(rank, items)
     scores = np.asarray(x @ b)
     q, k = reduced_rank(b, x, rank)
-    qs, ks = truncated(b, rank)
+    u, sv, vt = np.linalg.svd(b)                        # B's own truncated SVD
     err = np.linalg.norm(scores - x @ (q @ k.T))
-    err_svd = np.linalg.norm(scores - x @ (qs @ ks.T))
+    err_svd = np.linalg.norm(scores - x @ ((u[:, :rank] * sv[:rank]) @ vt[:rank]))
     assert err <= err_svd * (1 + 1e-4) + 1e-4
     q, k = reduced_rank(b, x, items)
     np.testing.assert_allclose(q @ k.T, b, atol=2e-4)
 
 
-    with pytest.raises(ValueError, match="factorization"):
-        CollaborativeConfig(factorization="pca")
 
 
 def test_items_beyond_the_dense_vocabulary_are_folded_in_on_its_scale():
