@@ -74,6 +74,8 @@ class BoMQuantizer:
         threads = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1)          # k-means sums in one order: reproducible codebooks
         self.rq.max_beam_size = TRAIN_BEAM
+        if len(x) <= x.shape[1]:              # the progressive-dimension training needs a PCA
+            self.rq.train_type = faiss.ResidualQuantizer.Train_default   # of more points than dims
         try:
             self.rq.train(x)
         finally:

@@ -65,3 +65,13 @@ def test_greedy_tokens_are_faiss_beam_1_tokens(seed, m, nbits, d):
     # a trained quantizer too, after training replaced its codebooks
     t = BoMQuantizer(d, QuantizerConfig(m=m, nbits=min(nbits, 4), beam=1)).train(x)
     assert (t.codes(x) == unpack_codes(t.rq.compute_codes(x), m, min(nbits, 4))).all()
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(4, 40), extra=st.integers(0, 30))
+def test_fewer_embeddings_than_dimensions_still_train_a_quantizer(n, extra):
+    """A small data set with a wide collaborative block: as many or fewer points than
+    dimensions (faiss's progressive-dimension training would need a PCA of more)."""
+    x = np.random.default_rng(n).standard_normal((n, n + extra)).astype(np.float32)
+    q = BoMQuantizer(x.shape[1], QuantizerConfig(m=2, nbits=1)).train(x)
+    assert q.trained and q.tokens(x).shape == (n, 2)
