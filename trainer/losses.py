@@ -100,7 +100,7 @@ def usage_entropy(assignments: torch.Tensor, k: int) -> float:
 def in_batch_softmax_loss(emb: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
                           weights: torch.Tensor, log_q: torch.Tensor, type_ids: torch.Tensor,
                           temperature: float = 0.05, sampled: torch.Tensor | None = None,
-                          stats: dict | None = None) -> torch.Tensor:
+                          stats: dict | None = None, src_node: torch.Tensor | None = None) -> torch.Tensor:
     """Sampled softmax over the batch's destinations and `sampled` negatives (mixed negative
     sampling, the two-tower retrieval objective).
 
@@ -112,13 +112,15 @@ def in_batch_softmax_loss(emb: torch.Tensor, src: torch.Tensor, dst: torch.Tenso
     (the logQ correction: sampled softmax then estimates the full softmax, popularity
     included, instead of punishing items for being sampled as negatives more often);
     `type_ids` (V,) node types: a positive competes only with candidates of its type.
-    The batch's other positives of the same source are not negatives. `stats` (when given)
+    The batch's other positives of the same source are not negatives (`src_node`: each row's
+    source node, when `src` holds views of it as of different moments). `stats` (when given)
     receives how many positives had no negative left (`no_negative`, of `positives`)."""
     cand = torch.unique(dst if sampled is None or not len(sampled) else torch.cat([dst, sampled]))
     logits = emb[src] @ emb[cand].T / temperature - log_q[cand][None, :]   # (P, C)
     col = torch.searchsorted(cand, dst)                             # (P,) own destination
     pos = torch.zeros_like(logits, dtype=torch.bool)
-    same_src = src[:, None] == src[None, :]                         # (P, P)
+    node = src if src_node is None else src_node                    # a source as of each positive
+    same_src = node[:, None] == node[None, :]                       # (P, P): the same source node
     pos[torch.nonzero(same_src, as_tuple=True)[0], col[torch.nonzero(same_src, as_tuple=True)[1]]] = True
     own = torch.zeros_like(pos)
     own[torch.arange(len(src)), col] = True

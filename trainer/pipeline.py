@@ -54,6 +54,8 @@ class Prepared:
                                     # softmax candidates (destinations and sampled items)
     sampled: torch.Tensor           # (S,) anchors drawn uniformly from the item pool: negatives
                                     # every step has, whoever its positives belong to
+    src_node: torch.Tensor          # (rows,) the anchor of each row's source node: `src` may be
+                                    # an instance of it as of that row's positive
 
 
 @dataclass(frozen=True)
@@ -164,20 +166,27 @@ class BatchPipeline:
             anchors.append(n)
         teacher, student = self._pair()
         s_views = student.sample(anchors, cutoff, rng=rng)
+        n_anchors = len(anchors)
+        # each positive's source as of that positive: its view with its own earlier
+        # engagements of this chunk, one more view per distinct prefix (`_at_positives`)
+        src_of = [pos[e.src] for e in batch]
         if self.chunk_prefix:
-            s_views = self._with_prefixes(chunk, batch, anchors, s_views, student, cutoff, rng)
+            more, src_of = self._at_positives(chunk, batch, pos, s_views, student, cutoff, rng)
+            s_views = s_views + more
         if self.cold_share > 0 and self.texts:          # cold-start drill, anchors with text only
             drill = rng.random(len(s_views)) < self.cold_share
             s_views = [cold_view(v) if d and v.anchor in self.texts else v for v, d in zip(s_views, drill)]
         s = pack(s_views, self.pack_cfg, knowledge=self.texts)
-        t_idx = np.arange(len(anchors))
-        if self.teacher_anchors is not None and len(anchors) > self.teacher_anchors:
+        t_idx = np.arange(n_anchors)
+        if self.teacher_anchors is not None and n_anchors > self.teacher_anchors:
             # broad views cost ~8x a narrow one: distil on a seeded subset of the anchors
-            t_idx = np.sort(rng.choice(len(anchors), self.teacher_anchors, replace=False))
+            t_idx = np.sort(rng.choice(n_anchors, self.teacher_anchors, replace=False))
         te = pack(teacher.sample([anchors[i] for i in t_idx], cutoff, rng=rng), self.pack_cfg,
                   knowledge=self.texts)
         r = 1 + self.negatives
-        src = torch.tensor([pos[e.src] for e in batch for _ in range(r)])
+        src = torch.tensor([k for k in src_of for _ in range(r)])
+        # which node each row's source is (its other positives are no negatives of it)
+        src_node = torch.tensor([pos[e.src] for e in batch for _ in range(r)])
         dst = torch.tensor([x for i, e in enumerate(batch) for x in
                             [pos[e.dst]] + [pos[n] for n in negs[i * self.negatives:(i + 1) * self.negatives]]])
         act = torch.tensor([self.a_index[e.action] for e in batch for _ in range(r)])
@@ -189,49 +198,52 @@ class BatchPipeline:
         uniform = len(drawn) / len(self.items) if drawn else 0.0
         log_q = torch.tensor([np.log(max(share.get(n, 0.0) * len(batch)
                                          + (uniform if node_type(n) in self.item_types else 0.0), 1e-6))
-                              for n in anchors], dtype=torch.float32)
+                              for n in anchors] + [0.0] * (len(s_views) - n_anchors), dtype=torch.float32)
         dt = time.perf_counter() - t
         with self._lock:
             self.sample_s += dt
-        return Prepared(step, chunk, cutoff, s, te, src, dst, act, label, len(anchors),
+        return Prepared(step, chunk, cutoff, s, te, src, dst, act, label, len(s_views),
                         torch.from_numpy(t_idx), log_q,
-                        torch.tensor(sorted({pos[n] for n in drawn}), dtype=torch.long))
+                        torch.tensor(sorted({pos[n] for n in drawn}), dtype=torch.long), src_node)
 
-    def _with_prefixes(self, chunk: int, batch: Sequence[Engagement], anchors: list[str],
-                       views: list, sampler: ViewSampler, cutoff: int, rng) -> list:
-        """Each source's student view with its own engagements of this chunk that precede
-        its first positive in the batch (up to `chunk_prefix`, the latest): what a worker's
-        view of it holds at that moment, and what the chunk-start state lacks. A session, or a
-        user rating a batch of films in one sitting, is otherwise trained as if it had no
-        history at all."""
+    def _at_positives(self, chunk: int, batch: Sequence[Engagement], pos: Mapping[str, int],
+                      views: list, sampler: ViewSampler, cutoff: int, rng) -> tuple[list, list[int]]:
+        """Each positive's source as a worker's view holds it at that moment: the chunk-start
+        view plus the source's own engagements of this chunk before the positive (up to
+        `chunk_prefix`, the latest). A session, or a user rating films in one sitting, is
+        otherwise trained as if it had no history at all. Positives with the same prefix share
+        one view. -> (the views added after `views`, each row's source view index)."""
         by_src = self._by_src[chunk]
-        first: dict[str, int] = {}
+        want: dict[tuple[str, tuple[int, ...]], int] = {}
+        rows = []
         for e in batch:
-            first[e.src] = min(first.get(e.src, e.ts), e.ts)
-        prefixes = {}
-        for s, t0 in first.items():
-            before = [self.events[i] for i in by_src.get(s, ()) if self.events[i].ts < t0]
-            if before:
-                prefixes[s] = (t0, before[-self.chunk_prefix:])
-        if not prefixes:
-            return views
-        pos = {n: i for i, n in enumerate(anchors)}
-        need = sorted({e.dst for _, evs in prefixes.values() for e in evs} - set(pos))
+            earlier = [i for i in by_src.get(e.src, ()) if self.events[i].ts < e.ts][-self.chunk_prefix:]
+            if not earlier:
+                rows.append(pos[e.src])
+                continue
+            key = (e.src, tuple(earlier))
+            if key not in want:
+                want[key] = len(views) + len(want)
+            rows.append(want[key])
+        if not want:
+            return [], rows
+        need = sorted({self.events[i].dst for _, ids in want for i in ids} - set(pos))
         extra = dict(zip(need, sampler.sample(need, cutoff, rng=rng))) if need else {}
-        codes = self.a_index
         specs = self.schema.all_actions
-        out = list(views)
-        for s, (t0, evs) in prefixes.items():
+        added = []
+        for src, ids in want:
+            evs = [self.events[i] for i in ids]
+            t0 = max(e.ts for e in evs) + 1                    # the prefix's own moment
             own = [extra[e.dst] if e.dst in extra else views[pos[e.dst]] for e in evs]
             ages = np.array([(t0 - e.ts) / 1000.0 for e in evs], np.float32)
             weights = np.array([e.w * specs[e.action].sign * (1.0 if specs[e.action].structural else
                                 0.5 ** (a / specs[e.action].half_life_s)) for e, a in zip(evs, ages)],
                                np.float32)
-            out[pos[s]] = with_prefix(views[pos[s]], [e.dst for e in evs],
-                                      np.array([v.types[0] for v in own]),
-                                      np.stack([v.stats[0] for v in own]),
-                                      np.array([codes[e.action] for e in evs]), weights, ages)
-        return out
+            added.append(with_prefix(views[pos[src]], [e.dst for e in evs],
+                                     np.array([v.types[0] for v in own]),
+                                     np.stack([v.stats[0] for v in own]),
+                                     np.array([self.a_index[e.action] for e in evs]), weights, ages))
+        return added, rows
 
     def _apply(self, k: int) -> None:
         idx = self.plan[k][0]

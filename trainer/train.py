@@ -98,9 +98,8 @@ class TrainConfig:
     # apart where the positives alone would let them collapse onto popularity (users with a
     # single engagement, quiet days)
     w_uniform: float = 0.5
-    # a source's own engagements earlier in its chunk, up to this many (the latest), join its
-    # student view at each of its positives: what a worker's view holds at that moment (0: the
-    # chunk-start state alone)
+    # each positive's source is seen with its own engagements earlier in the chunk, up to this
+    # many (the latest): what a worker's view holds at that moment (0: the chunk-start state)
     chunk_prefix: int = 8
     negatives: int = 2               # "bce" only: per positive, same node type as the true dst
     passes: int = 1                  # shuffled passes over each chunk's events
@@ -443,7 +442,8 @@ def _step(b: Prepared, student, teacher, head, opt, funnel, cfg: TrainConfig, de
         engage = L.in_batch_softmax_loss(s_emb, src[keep], dst[keep], funnel.to(dev)[act[keep]],
                                          b.log_q.to(dev) if cfg.logq else torch.zeros_like(b.log_q, device=dev),
                                          s_batch.type_ids[s_batch.anchor_pos],
-                                         cfg.softmax_temperature, b.sampled.to(dev), seen)
+                                         cfg.softmax_temperature, b.sampled.to(dev), seen,
+                                         b.src_node.to(dev)[keep])
     else:
         logits = L.engagement_logits(s_emb[src], s_emb[dst], head.relation(act))
         engage = L.engagement_loss(logits, b.label.to(dev), funnel.to(dev)[act])

@@ -31,7 +31,10 @@ def test_with_prefix_adds_the_items_at_hop_one_linked_to_the_anchor_once():
 @settings(max_examples=15, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9), st.integers(1, 2 * DAY // 60_000 - 1)),
                 min_size=10, max_size=40), st.integers(0, 1000))
-def test_a_view_never_holds_an_engagement_at_or_after_its_sources_positives(tmp_path_factory, rows, seed):
+def test_a_positive_sees_its_sources_earlier_engagements_and_nothing_later(tmp_path_factory, rows, seed):
+    """Each positive's source view holds the source's own engagements of the chunk before
+    that positive (up to `chunk_prefix`), never the positive itself or anything after it;
+    positives with the same prefix share a view, and rows keep their source node."""
     evs = sorted((Engagement(f"user:u{u}", f"product:p{i}", "click", T0 + m * 60_000) for u, i, m in rows),
                  key=lambda e: (e.ts, e.src, e.dst))
     schema = SchemaConfig()
@@ -39,30 +42,29 @@ def test_a_view_never_holds_an_engagement_at_or_after_its_sources_positives(tmp_
     actions = {a: i for i, a in enumerate(sorted(schema.all_actions))}
     pipe = BatchPipeline(evs, plan, Path(tmp_path_factory.mktemp("s")) / "state", schema, TEACHER,
                          STUDENT, PackConfig(), actions, 0, seed, workers=0, chunk_prefix=8)
-    seen_before = set()
+    known: set = set()            # (src, dst) pairs in the state at the chunk's start
     try:
         for item in pipe:
             if isinstance(item, ChunkDone):
-                seen_before |= {(e.src, e.dst) for e in evs if (e.ts - evs[0].ts) // DAY <= item.chunk}
+                known |= {(e.src, e.dst) for e in evs if (e.ts - evs[0].ts) // DAY <= item.chunk}
                 continue
             idx = plan[item.chunk][1 + item.step - pipe.steps_before(item.chunk)]
             batch = [evs[i] for i in idx]
-            first = {}
-            for e in batch:
-                first[e.src] = min(first.get(e.src, e.ts), e.ts)
             chunk = [evs[i] for i in plan[item.chunk][0]]
-            views = pipe._pair()[1].sample(sorted({n for e in batch for n in (e.src, e.dst)}),
-                                           item.cutoff)
-            for src, t0 in first.items():
-                allowed = {e.dst for e in chunk if e.src == src and e.ts < t0}
-                edges_now = {e.dst for e in chunk if e.src == src}
-                # what a prefix may add: the source's own items before its first positive
-                got = pipe._with_prefixes(item.chunk, batch, [v.anchor for v in views], views,
-                                          pipe._pair()[1], item.cutoff, np.random.default_rng(0))
-                v = got[[x.anchor for x in views].index(src)]
+            anchors = sorted({n for e in batch for n in (e.src, e.dst)})
+            pos = {n: k for k, n in enumerate(anchors)}
+            views = pipe._pair()[1].sample(anchors, item.cutoff)
+            more, src_of = pipe._at_positives(item.chunk, batch, pos, views, pipe._pair()[1],
+                                             item.cutoff, np.random.default_rng(0))
+            every = views + more
+            assert item.src_node.tolist() == [pos[e.src] for e in batch]
+            assert len(every) == item.anchors
+            for e, k in zip(batch, src_of):
+                v = every[k]
+                assert v.anchor == e.src
                 linked = {v.nodes[d] for s, d in zip(v.edge_src, v.edge_dst) if s == 0}
-                fresh = linked - {d for s, d in seen_before if s == src}
-                assert fresh <= allowed, (fresh, allowed)
-                assert not (fresh & (edges_now - allowed))
+                fresh = linked - {d for s, d in known if s == e.src}
+                earlier = {x.dst for x in chunk if x.src == e.src and x.ts < e.ts}
+                assert fresh <= earlier, (fresh, earlier)
     finally:
         pipe.close()

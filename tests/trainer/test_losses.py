@@ -104,3 +104,21 @@ def test_in_batch_softmax_uses_the_batch_as_negatives_and_spares_other_positives
     got3 = in_batch_softmax_loss(emb, torch.tensor([0, 1]), torch.tensor([2, 5]), torch.ones(2), logq,
                                  types, temperature=1.0)
     assert float(got3) == 0.0                           # each positive alone among its type
+
+
+def test_a_source_seen_as_of_two_positives_still_spares_its_own_positives():
+    """Rows whose source views differ (as of each positive) but are the same node: each
+    row's other positives are still no negatives of it."""
+    import torch.nn.functional as F
+    from hirflow.trainer.losses import in_batch_softmax_loss
+    emb = F.normalize(torch.randn(6, 8), dim=-1)
+    emb[5] = emb[0]                                      # node 0 as of its second positive
+    types = torch.tensor([0, 1, 1, 1, 1, 0])
+    w, logq = torch.ones(2), torch.zeros(6)
+    same = in_batch_softmax_loss(emb, torch.tensor([0, 0]), torch.tensor([1, 2]), w, logq, types, 1.0,
+                                 torch.tensor([3, 4]))
+    split = in_batch_softmax_loss(emb, torch.tensor([0, 5]), torch.tensor([1, 2]), w, logq, types, 1.0,
+                                  torch.tensor([3, 4]), src_node=torch.tensor([0, 0]))
+    unspared = in_batch_softmax_loss(emb, torch.tensor([0, 5]), torch.tensor([1, 2]), w, logq, types, 1.0,
+                                     torch.tensor([3, 4]))
+    assert torch.allclose(same, split) and not torch.allclose(same, unspared)
