@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -50,6 +50,20 @@ def set_cpu_threads(n: int) -> None:
         faiss.omp_set_num_threads(n)
 
 
+def quality_of(manifest: Mapping) -> dict:
+    """What a checkpoint's manifest says of how it ranks: the trainer's holdout Recall@20 of
+    the served vector, which parts it serves, and whether its encoder collapsed."""
+    hold = (manifest.get("collaborative") or {}).get("holdout") or {}
+    weight = hold.get("weight")
+    parts = ("encoder" if weight == 0 else "collaborative block" if weight is not None and weight >= 1000
+             else "encoder and collaborative block" if weight is not None else "encoder")
+    recall = (hold.get("weight_recall@20") or {}).get(str(weight))
+    return {"checkpoint": manifest.get("id"), "serves": parts, "holdout_recall@20": recall,
+            "holdout_users": hold.get("judged_users"), "why": hold.get("why"),
+            "encoder_collapsed": bool((manifest.get("collapse") or {}).get("collapsed")),
+            "data_window": manifest.get("data_window")}
+
+
 @dataclass
 class ServingModel:
     id: str
@@ -64,6 +78,7 @@ class ServingModel:
     collab: "collaborative.CollaborativeBlock | None" = None
     collapsed: bool = False          # the trainer found the encoder's item directions
                                      # collapsed: its part only breaks the block's ties
+    quality: dict = field(default_factory=dict)   # what is known of how it ranks (`quality_of`)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: torch.device | None = None) -> "ServingModel":
@@ -99,13 +114,16 @@ class ServingModel:
                         ck.manifest["collapse"].get("mean_cosine"))
         return cls(ck.id, str(Path(path).resolve()), d, qcfg.m, qcfg.nbits,
                    len(cfg.levels), encoder=model, quantizer=quant, collab=block,
-                   collapsed=collapsed)
+                   collapsed=collapsed, quality=quality_of(ck.manifest))
 
     @classmethod
     def cold_start(cls, type_names: Sequence[str], d: int = 64, m: int = 8, nbits: int = 8,
                    levels: int = 3, knowledge_dim: int = 384) -> "ServingModel":
         return cls(COLD_MODEL_ID, None, d, m, nbits, levels,
-                   cold=ColdStart(type_names, d, m, nbits, knowledge_dim, levels))
+                   cold=ColdStart(type_names, d, m, nbits, knowledge_dim, levels),
+                   quality={"checkpoint": None, "retrieve": "neighbourhood: the items of the users "
+                            "who engaged the same items; embeddings know only type and text until "
+                            "a checkpoint is trained (hirflow train)"})
 
     @property
     def codebooks(self) -> np.ndarray | None:

@@ -13,8 +13,10 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
+from hirflow.encoder.serving import COLD_MODEL_ID
 from hirflow.state.supergraph import SuperGraph
 from hirflow.state.views import View
+from hirflow.streams.neighbourhood import neighbourhood_items
 from hirflow.streams.serving_snapshot import ServingSnapshot
 
 MAX_K = 1000
@@ -107,19 +109,31 @@ class QueryService:
     def retrieve(self, params) -> dict:
         """Ads/products (or `types`) for a user: shared-token candidates re-ranked by dot.
         The answer also carries the user's `query` (embedding, base64 float32, and tokens),
-        with which the other workers search their own items (`search`)."""
+        with which the other workers search their own items (`search`). Before the first
+        checkpoint (`method` "neighbourhood"): what the user's co-users engaged."""
         user = self._node(params, "user")
         k = _int(params, "k", 50, 1, MAX_K)
         probes = _int(params, "probes", DEFAULT_PROBES, 0, MAX_PROBES)
         types = self._types(params) or list(self.item_types)
-        mem = self.serving().memory
+        snap = self.serving()
+        mem = snap.memory
         t0 = time.perf_counter()
         got = mem.get(user)                  # one consistent row (a compaction reorders rows)
         if got is None:
             raise QueryError(404, f"{user} is not in the index")
+        if mem.model == COLD_MODEL_ID and self.view_of is not None:
+            # no checkpoint yet: the embedding knows only type and text; the graph knows more
+            hits = neighbourhood_items(self.view_of, user, int(time.time() * 1000), k, types,
+                                       self.type_names)
+            if hits:
+                return {"user": user, "model": mem.model, "quality": snap.model.quality,
+                        "method": "neighbourhood", "types": types,
+                        "took_ms": round((time.perf_counter() - t0) * 1000, 3),
+                        "results": [{"node": n, "score": s} for n, s in hits]}
         q = np.asarray(got["embedding"], np.float32)
         hits = mem.search(q, got["tokens"], k, types, exclude=[user], probes=probes)
-        return {"user": user, "model": mem.model, "types": types,
+        return {"user": user, "model": mem.model, "quality": snap.model.quality,
+                "method": "embedding", "types": types,
                 "took_ms": round((time.perf_counter() - t0) * 1000, 3),
                 "results": [{"node": n, "score": round(s, 6)} for n, s in hits],
                 "query": _query(q, got["tokens"], k)}
@@ -172,13 +186,14 @@ class QueryService:
         k = _int(params, "k", 20, 1, MAX_K)
         probes = _int(params, "probes", DEFAULT_PROBES, 0, MAX_PROBES)
         types = self._types(params) or sorted(self.types)
-        mem = self.serving().memory
+        snap = self.serving()
+        mem = snap.memory
         got = mem.get(node)                  # one consistent row (a compaction reorders rows)
         if got is None:
             raise QueryError(404, f"{node} is not in the index")
         q = np.asarray(got["embedding"], np.float32)
         hits = mem.search(q, got["tokens"], k, types, exclude=[node], probes=probes)
-        return {"node": node, "model": mem.model, "types": types,
+        return {"node": node, "model": mem.model, "quality": snap.model.quality, "types": types,
                 "results": [{"node": n, "score": round(s, 6)} for n, s in hits],
                 "query": _query(q, got["tokens"], k)}
 

@@ -322,7 +322,8 @@ class RefreshLoop:
 
     def status(self) -> dict:
         serving = self.serving
-        return {"model": serving.model.id, "generation": serving.gen,
+        return {"model": serving.model.id, "model_quality": serving.model.quality,
+                "generation": serving.gen,
                 "index_nodes": len(serving.memory), "dirty_backlog": len(self.writer.dirty),
                 "neighbor_backlog": len(self.neighbors), "refreshed": self.refreshed,
                 "hot_swap": self.swap.status()}

@@ -65,9 +65,9 @@ class NodeRouter:
         `types`) with every other worker's best nodes of those types for the same query,
         best score first, `k` in all. A worker that does not answer, or serves another
         model (a hot swap in progress), is left out and counted in `workers`."""
-        query = local.pop("query")
+        query = local.pop("query", None)
         others = self.others()
-        if not others:
+        if not others or query is None:       # a neighbourhood answer has no query to share
             return local
         k = query["k"]
         ask = {"q": query["embedding"], "tokens": ",".join(map(str, query["tokens"])),

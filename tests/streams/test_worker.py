@@ -112,11 +112,14 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path, workers):
     p.produce(topics.entities, b"\x00junk", b"ad:8")
     p.produce(topics.engagements, json.dumps({"src": "user:1", "dst": "ad:7", "action": "click",
                                               "ts": now}).encode(), b"user:1")
+    for dst in ("ad:7", "ad:9"):             # user:2 shares ad:7 with user:1 and also took ad:9
+        p.produce(topics.engagements, json.dumps({"src": "user:2", "dst": dst, "action": "click",
+                                                  "ts": now}).encode(), b"user:2")
     assert p.flush(30) == 0
     w = workers({"HIRFLOW_WORKER__API_TOKEN": "s3cret"})
     auth = {"Authorization": "Bearer s3cret"}
     try:
-        w.wait_metric("hirflow_events_applied_total", 2)      # 1 engagement + 1 entity
+        w.wait_metric("hirflow_events_applied_total", 4)      # 3 engagements + 1 entity
         deadline = time.monotonic() + 30
         while w.get("/ready")[0] != 200:
             assert time.monotonic() < deadline, w.get("/ready")
@@ -147,8 +150,12 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path, workers):
         assert w.get("/v1/status", {"Authorization": "Bearer wrong"})[0] == 401
         node = json.loads(w.get("/v1/nodes/ad:7", auth)[1])
         assert node["model"] == "cold-start" and len(node["tokens"]) == 8
-        hits = json.loads(w.get("/v1/retrieve?user=user:1&k=5", auth)[1])["results"]
-        assert set(h["node"] for h in hits) <= {"ad:7"}   # cold start: only shared sign-hash tokens
+        got = json.loads(w.get("/v1/retrieve?user=user:1&k=5", auth)[1])
+        # no checkpoint yet: what user:1's co-user took, never its own ad; the answer says how
+        assert got["method"] == "neighbourhood" and [h["node"] for h in got["results"]] == ["ad:9"]
+        assert got["quality"]["checkpoint"] is None and "hirflow train" in got["quality"]["retrieve"]
+        status = json.loads(w.get("/v1/status", auth)[1])
+        assert status["model"] == "cold-start" and status["model_quality"] == got["quality"]
         sim = json.loads(w.get("/v1/similar?node=ad:7&k=5", auth)[1])["results"]
         assert all(h["node"] != "ad:7" for h in sim)
         assert set(json.loads(w.get("/openapi.json")[1])["paths"]) >= {"/v1/retrieve", "/v1/nodes/{node}"}
