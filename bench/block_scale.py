@@ -11,8 +11,8 @@ stage's seconds, peak RSS and the items the block covers against the items with 
 
     python bench/block_scale.py [--quick] [--items 1000000] [--engagements 10000000]
 
---quick: 100,000 items and 1,000,000 engagements. The last line printed is one JSON object
-of the figures.
+--quick: 100,000 items, 1,000,000 engagements and a dense vocabulary of 2,000 (within a
+minute). The last line printed is one JSON object of the figures.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def main() -> None:
                     help="the dense vocabulary")
     a = ap.parse_args()
     if a.quick:
-        a.items, a.engagements = 100_000, 1_000_000
+        a.items, a.engagements, a.max_items = 100_000, 1_000_000, 2_000
     stages: dict[str, float] = {}
     t = time.perf_counter()
     u, i, ts = stream(a.items, a.engagements)
