@@ -151,8 +151,11 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
     if cfg.worker.changelog:
         watcher = plan.PlanWatcher(cfg, cfg.worker.count, lambda p: setattr(runtime, "replan", p)).start()
     try:
-        faust.Worker(app, loglevel=(obj.log_level or cfg.worker.log_level).lower(),
-                     override_logging=False, quiet=True).execute_from_commandline()
+        worker = faust.Worker(app, loglevel=(obj.log_level or cfg.worker.log_level).lower(),
+                              override_logging=False, quiet=True)
+        if not sys.stdout.isatty():
+            worker.spinner = None       # its cursor codes would land in a redirected log
+        worker.execute_from_commandline()
     finally:
         try:
             if watcher is not None:

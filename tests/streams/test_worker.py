@@ -166,6 +166,7 @@ def test_worker_endpoints_and_entity_agent(cfg, tmp_path, workers):
             assert name in m, name
     finally:
         assert w.stop() == 0
+    assert "\x1b" not in (tmp_path / "worker.log").read_text()      # a redirected log: no terminal codes
     with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
         assert store.reader.entity("ad:7").text == "trail running shoes"
         vec = store.reader.knowledge(["ad:7"])["ad:7"]             # MiniLM world knowledge
