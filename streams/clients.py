@@ -3,10 +3,16 @@ connection settings handed to the trainer (which builds its own clients from the
 not depend on this package)."""
 from __future__ import annotations
 
+import logging
+
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from hirflow.streams.config import KafkaConfig
+
+# librdkafka's own log lines (connection refused, metadata errors) go through `logging`, so the
+# JSON format holds and `logs.setup` rate-limits their repeats during an outage
+KAFKA_LOG = logging.getLogger("hirflow.kafka")
 
 
 def connection(cfg: KafkaConfig) -> dict:
@@ -15,7 +21,7 @@ def connection(cfg: KafkaConfig) -> dict:
 
 
 def admin(cfg: KafkaConfig) -> AdminClient:
-    return AdminClient(connection(cfg))
+    return AdminClient({**connection(cfg), "logger": KAFKA_LOG})
 
 
 def producer(cfg: KafkaConfig, **extra) -> Producer:
@@ -29,6 +35,7 @@ def producer(cfg: KafkaConfig, **extra) -> Producer:
         "queue.buffering.max.messages": 1_000_000,
         "message.max.bytes": cfg.max_message_bytes,
         "compression.type": cfg.compression,
+        "logger": KAFKA_LOG,
         **cfg.client,
         **extra,
     }
@@ -48,6 +55,7 @@ def consumer(cfg: KafkaConfig, group_id: str, **extra) -> Consumer:
         "fetch.wait.max.ms": cfg.fetch_wait_max_ms,
         "fetch.max.bytes": max(52_428_800, cfg.max_message_bytes * 2),
         "max.partition.fetch.bytes": max(1_048_576, cfg.max_message_bytes),
+        "logger": KAFKA_LOG,
         **cfg.client,
         **extra,
     }

@@ -60,3 +60,23 @@ def test_a_replayed_years_old_event_is_counted_apart_from_freshness():
     TokenOutbox._on_delivery(outbox, 1_291_000_000_000, now, None, msg)          # December 2010
     assert value("hirflow_freshness_seconds_count") == seen + 1
     assert value("hirflow_token_changes_historical_total") == old + 1
+
+
+def test_repeated_client_lines_are_held_back_and_counted():
+    """A broker outage's reconnect lines: one per kind per interval, the next one counting
+    those held back; other kinds pass."""
+    import logging
+    from hirflow.streams.logs import Repeats
+    f = Repeats(every_s=60)
+
+    def rec(msg):
+        return logging.LogRecord("hirflow.kafka", logging.WARNING, __file__, 1, msg, (), None)
+
+    first = rec("FAIL|rdkafka#producer-1| Connect to 127.0.0.1:9092 failed (after 0ms)")
+    assert f.filter(first)
+    assert not any(f.filter(rec(f"FAIL|rdkafka#producer-1| Connect to 127.0.0.1:9092 failed (after {i}ms)"))
+                   for i in range(5))
+    assert f.filter(rec("coordinator not available"))
+    f._last = {k: (v[0] - 61, v[1]) for k, v in f._last.items()}       # a minute later
+    again = rec("FAIL|rdkafka#producer-1| Connect to 127.0.0.1:9092 failed (after 3ms)")
+    assert f.filter(again) and "(+5 like it" in again.getMessage()
