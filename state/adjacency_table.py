@@ -24,11 +24,11 @@ between batches (it is a cache: everything in it can be computed again).
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
 
+from hirflow.state.decay import rate_from_half_life, values_at
 from hirflow.state.node import IN, OUT, NodeState, edge_lists
 from hirflow.state.schema import SchemaConfig
 
@@ -53,7 +53,7 @@ class AdjacencyTable:
         self.codes = schema.action_codes()
         self.rates = np.array([schema.all_actions[a].decay_rate for a in sorted(schema.all_actions)],
                               np.float64)
-        self.recency = math.log(2) / (recency_half_life_s * 1000.0)
+        self.recency = rate_from_half_life(recency_half_life_s)
         self.min_events_frequent = min_events_frequent
         self.reuse_ms = reuse_ms
         self.limit = limit
@@ -147,8 +147,8 @@ class AdjacencyTable:
         owner, nbr, act, d, w_, tref_ = owner[keep], nbr[keep], act[keep], d[keep], w_[keep], tref_[keep]
         dt = np.maximum(cutoff - tref_, 0)
         rate = self.rates[act]
-        wt = np.where(rate != 0, w_ * np.exp(-rate * dt), w_)
-        fresh = np.exp(-self.recency * dt)
+        wt = values_at(w_, cutoff - dt, cutoff, rate)       # an edge newer than the cutoff: as is
+        fresh = values_at(np.ones(len(dt)), cutoff - dt, cutoff, self.recency)
         imp = np.abs(wt) * fresh
 
         day = DAY_MS

@@ -6,10 +6,15 @@ times and decays the older side onto it, so addition is commutative and associat
 (exactly in real arithmetic, to rounding in floats): events applied in any order, or
 replayed in another order, give the same state. ``rate == 0`` is a structural edge that
 never fades: a plain sum.
+
+The scalar forms (`add`, `value_at`) serve the per-event write path; the numpy forms
+(`values_at`, `group_sums`) apply the same algebra to whole columns at once.
 """
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 _exp = math.exp
 
@@ -37,3 +42,21 @@ def rate_from_half_life(half_life_s: float | None) -> float:
     if half_life_s <= 0:
         raise ValueError(f"half-life must be positive, got {half_life_s!r}")
     return math.log(2) / (half_life_s * 1000.0)
+
+
+def values_at(w: np.ndarray, t_ref: np.ndarray, t, rate: np.ndarray) -> np.ndarray:
+    """`value_at` over columns: each w decayed from its t_ref to t (rate 0: unchanged)."""
+    return np.where(rate != 0, w * np.exp(-rate * (t - t_ref)), w)
+
+
+def group_sums(key: np.ndarray, w: np.ndarray, t: np.ndarray, rate: np.ndarray):
+    """Per distinct `key`, the sum of its (w, t) terms: t_ref = the latest t, w = the sum of
+    each w decayed onto it (`add` over a whole group at once).
+    -> (keys, first index of each key's group in `key`, w, t_ref)."""
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    start = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    tref = np.maximum.reduceat(t[order], start)
+    grp = np.repeat(np.arange(len(start)), np.diff(np.r_[start, len(k)]))
+    wd = w[order] * np.exp(-rate[order] * (tref[grp] - t[order]))
+    return k[start], order[start], np.add.reduceat(wd, start), tref

@@ -12,7 +12,6 @@ sort runs once per `slack` new edges instead of once per event.
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable, Iterator, NamedTuple
 
 import msgspec
@@ -21,7 +20,6 @@ from hirflow.state.decay import add as _add, value_at
 
 OUT, IN = 0, 1   # edge direction as seen from this node: OUT means this node was the src
 
-_exp = math.exp
 _encode = msgspec.msgpack.Encoder().encode
 _Activity = dict[tuple[str, int], tuple[float, int]]
 _Edges = dict[tuple[str, str, int], tuple[float, int, int, int]]
@@ -86,9 +84,8 @@ class NodeState:
         if extra <= 0:
             return 0
         t = self.last
-        exp = _exp
         ranked = sorted(
-            (-abs(w * exp(-rates[a] * (t - tref)) if rates[a] else w), n, a, d)
+            (-abs(value_at(w, tref, t, rates[a])), n, a, d)
             for (n, a, d), (w, tref, _, _) in self.edges.items())
         edges = self.edges
         for _, n, a, d in ranked[top_k:]:

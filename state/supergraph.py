@@ -2,7 +2,7 @@
 
 A node's *contribution* is, per level and per (neighbour's primitive, action), the decay-
 algebra sum of its edges to neighbours assigned to that primitive: that is the node ->
-primitive weight (computed for a whole batch at once with numpy: `decayed_sums`).
+primitive weight (computed for a whole batch at once with numpy: `state.decay.group_sums`).
 Primitive p <-> q at a level is the sum of the contributions towards q of
 the nodes assigned to p (every edge is counted from both endpoints, so it is symmetric).
 When a node is refreshed its old contribution is subtracted from the rows of its old
@@ -25,7 +25,7 @@ from typing import Callable
 import msgspec
 import numpy as np
 
-from hirflow.state.decay import add, value_at
+from hirflow.state.decay import add, group_sums, value_at
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.index import NO_PRIMITIVE, IndexBatch, TokenIndex, gen_prefix
 
@@ -49,19 +49,6 @@ class NodeContribution(msgspec.Struct, array_like=True, frozen=True):
 
 
 _dec_node = msgspec.msgpack.Decoder(NodeContribution).decode
-
-
-def decayed_sums(key: np.ndarray, w: np.ndarray, t: np.ndarray, rate: np.ndarray):
-    """Per distinct `key`, the decay-algebra sum of its (w, t) terms: t_ref = the latest t,
-    w = sum of each w decayed onto it (`state.decay.add` over a whole group at once).
-    -> (keys, first index of each key's group in `key`, w, t_ref)."""
-    order = np.argsort(key, kind="stable")
-    k = key[order]
-    start = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
-    tref = np.maximum.reduceat(t[order], start)
-    grp = np.repeat(np.arange(len(start)), np.diff(np.r_[start, len(k)]))
-    wd = w[order] * np.exp(-rate[order] * (tref[grp] - t[order]))
-    return k[start], order[start], np.add.reduceat(wd, start), tref
 
 
 class _Terms:
@@ -132,7 +119,7 @@ class SuperGraph:
         if len(e):
             q = A[e, lv]
             key = ((own[e] * L + lv) * (int(q.max()) + 1) + q) * len(self.actions) + act[e]
-            _, first, cw, ct = decayed_sums(key, w[e], t[e], self.rate[act[e]])
+            _, first, cw, ct = group_sums(key, w[e], t[e], self.rate[act[e]])
             # groups come out in key order, so each node's rows are one contiguous run
             c_own, c_lv, c_q, c_act = own[e][first], lv[first], q[first], act[e][first]
             p = new_assign[c_own, c_lv]
@@ -198,7 +185,7 @@ class SuperGraph:
         lv, p, q, act = (x.astype(np.int64) for x in (lv, p, q, act))
         P, Q, NA = int(p.max()) + 1, int(q.max()) + 1, len(self.actions)
         key = ((lv * P + p) * Q + q) * NA + act
-        _, first, dw, dt = decayed_sums(key, w.astype(np.float64), t.astype(np.int64), self.rate[act])
+        _, first, dw, dt = group_sums(key, w.astype(np.float64), t.astype(np.int64), self.rate[act])
         g_lv, g_p, g_q = lv[first], p[first], q[first]       # sorted: a pair's actions adjacent
         rk = (g_lv * P + g_p) * Q + g_q
         starts = np.flatnonzero(np.r_[True, rk[1:] != rk[:-1]])

@@ -13,12 +13,14 @@ write through one writer and hold `lock` while they do; the refresh thread never
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import OrderedDict
 from typing import Iterable
 
+import numpy as np
+
+from hirflow.state.decay import group_sums
 from hirflow.state.dirty_queue import DirtyQueue
 from hirflow.state.entity_writer import EntityWriter
 from hirflow.state.events import Engagement
@@ -86,6 +88,24 @@ class GraphWriter:
                       next(iter(collided)))
         return collided
 
+    def _sum_per_edge(self, items: list[tuple[Engagement, int]]) -> dict[tuple, tuple]:
+        """(src, dst, action, sides) -> (w, t_ref, events, first ts, t_ref): each edge's
+        events summed with the decay algebra (`state.decay.group_sums`, one numpy pass)."""
+        rates, signs = self.rates, self.signs
+        index: dict[tuple, int] = {}
+        n = len(items)
+        key = np.fromiter((index.setdefault((ev.src, ev.dst, ev.action, sides), len(index))
+                           for ev, sides in items), np.int64, n)
+        w = np.fromiter((ev.w * signs[ev.action] for ev, _ in items), np.float64, n)
+        t = np.fromiter((ev.ts for ev, _ in items), np.int64, n)
+        rate = np.fromiter((rates[ev.action] for ev, _ in items), np.float64, n)
+        _, _, sw, tref = group_sums(key, w, t, rate)      # keys come out as 0 .. len(index)-1
+        count = np.bincount(key, minlength=len(index))
+        first = tref.copy()
+        np.minimum.at(first, key, t)
+        return {edge: (w_, tr, c, f, tr) for edge, w_, tr, c, f in
+                zip(index, sw.tolist(), tref.tolist(), count.tolist(), first.tolist())}
+
     def apply(self, ev: Engagement, sides: int = BOTH_SIDES) -> None:
         """Apply one engagement to the sides this worker owns; marks them dirty."""
         self.apply_batch([(ev, sides)])
@@ -95,27 +115,8 @@ class GraphWriter:
         algebra (associative), so a hub touched 500 times in a batch is updated once per edge.
         -> the node ids refused for a key collision (`prefetch`): engagements touching them
         are not applied; ingest dead-letters them."""
-        rates, signs = self.rates, self.signs
-        exp = math.exp
-        agg: dict[tuple, list] = {}
-        for ev, sides in items:
-            key = (ev.src, ev.dst, ev.action, sides)
-            dw = ev.w * signs[ev.action]
-            t = ev.ts
-            a = agg.get(key)
-            if a is None:
-                agg[key] = [dw, t, 1, t, t]
-                continue
-            rate = rates[ev.action]
-            tref = a[1]
-            if t >= tref:
-                a[0] = (a[0] * exp(-rate * (t - tref)) if rate and t != tref else a[0]) + dw
-                a[1] = a[4] = t
-            else:
-                a[0] += dw * exp(-rate * (tref - t)) if rate else dw
-                if t < a[3]:
-                    a[3] = t
-            a[2] += 1
+        rates = self.rates
+        agg = self._sum_per_edge(items)
         collided = self.prefetch([n for (src, dst, _, _) in agg for n in (src, dst)])
         if collided:
             agg = {k: v for k, v in agg.items() if k[0] not in collided and k[1] not in collided}

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from hirflow.encoder.batching import PackConfig, PackedBatch, pack
+from hirflow.state.decay import value_at
 from hirflow.state.events import Engagement
 from hirflow.state.graph import GraphConfig, GraphStore
 from hirflow.state.schema import SchemaConfig, node_type
@@ -236,9 +237,8 @@ class BatchPipeline:
             t0 = max(e.ts for e in evs) + 1                    # the prefix's own moment
             own = [extra[e.dst] if e.dst in extra else views[pos[e.dst]] for e in evs]
             ages = np.array([(t0 - e.ts) / 1000.0 for e in evs], np.float32)
-            weights = np.array([e.w * specs[e.action].sign * (1.0 if specs[e.action].structural else
-                                0.5 ** (a / specs[e.action].half_life_s)) for e, a in zip(evs, ages)],
-                               np.float32)
+            weights = np.array([value_at(e.w * specs[e.action].sign, e.ts, t0, specs[e.action].decay_rate)
+                                for e in evs], np.float32)
             added.append(with_prefix(views[pos[src]], [e.dst for e in evs],
                                      np.array([v.types[0] for v in own]),
                                      np.stack([v.stats[0] for v in own]),

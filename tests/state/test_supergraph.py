@@ -10,8 +10,7 @@ from hirflow.state.graph import GraphStore
 from hirflow.state.index import NO_PRIMITIVE, TokenIndex
 from hirflow.state.node import NodeState
 from hirflow.state.schema import SchemaConfig
-from hirflow.state.supergraph import (NodeContribution, SuperGraph, _dec_node, _enc, _node_key, _pair_keys,
-                                      decayed_sums)
+from hirflow.state.supergraph import (NodeContribution, SuperGraph, _dec_node, _enc, _node_key, _pair_keys)
 
 HOUR = 3_600_000
 ACTIONS = ["impression", "click", "conversion", "owns"]        # decaying and structural
@@ -52,19 +51,6 @@ def random_state(rng, name, others, t0):
 def graph(tmp_path):
     with GraphStore(tmp_path, SchemaConfig(), 4) as store:
         yield store, SuperGraph(TokenIndex(store))
-
-
-def test_decayed_sums_equal_adding_one_term_at_a_time():
-    rng = np.random.default_rng(0)
-    key = rng.integers(0, 5, 200)
-    w, t = rng.normal(size=200), rng.integers(0, 100 * HOUR, 200)
-    rate = np.full(200, 1e-8)
-    keys, _, sw, st = decayed_sums(key, w, t, rate)
-    for k, got_w, got_t in zip(keys, sw, st):
-        cur = None
-        for wi, ti in zip(w[key == k], t[key == k]):
-            cur = (wi, int(ti)) if cur is None else add(cur[0], cur[1], wi, int(ti), 1e-8)
-        assert got_t == cur[1] and got_w == pytest.approx(cur[0], rel=1e-9, abs=1e-12)
 
 
 def test_rows_follow_nodes_through_moves_and_new_edges(graph):
