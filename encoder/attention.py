@@ -25,8 +25,6 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from hirflow.encoder.batching import PackedBatch, block_tables
 
-torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-
 
 class GraphBias(nn.Module):
     """Learnable per-head bias tables, shared by every attention path (one set of weights)."""
@@ -214,6 +212,10 @@ def attend_dense_per_view(q, k, v, batch: PackedBatch, bias: GraphBias,
 
 @functools.lru_cache(maxsize=1)
 def compiled_flex():
+    """The compiled FlexAttention kernel, built on first use. Each shape bucket is its own
+    compiled graph: the recompile cap is raised to 64 so that every bucket stays compiled
+    (at the default 8, later buckets would fall back to the slow eager path)."""
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     return torch.compile(flex_attention, dynamic=False)
 
 

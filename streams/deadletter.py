@@ -17,6 +17,7 @@ import time
 
 from confluent_kafka import Message, Producer
 
+from hirflow.streams import clients
 from hirflow.streams.clients import produce_blocking
 from hirflow.streams.metrics import EVENTS_DEAD
 
@@ -83,6 +84,33 @@ class DeadLetters:
             self._last_log, self._unlogged = now, 0
         else:
             self._unlogged += 1
+
+
+class LazyDeadLetters:
+    """Dead letters for a part of the worker that seldom has any (entity records, checkpoint
+    announcements): its producer is built on the first one, so an idle part holds no
+    connection."""
+
+    def __init__(self, kafka, topic: str) -> None:
+        self.kafka, self.topic = kafka, topic
+        self._dead: DeadLetters | None = None
+
+    def _letters(self) -> DeadLetters:
+        if self._dead is None:
+            self._dead = DeadLetters(clients.producer(self.kafka), self.topic,
+                                     self.kafka.max_message_bytes)
+        return self._dead
+
+    def send(self, msg: Message, reason: str, detail: str = "") -> None:
+        self._letters().send(msg, reason, detail)
+
+    def send_raw(self, *args, **kwargs) -> None:
+        self._letters().send_raw(*args, **kwargs)
+
+    def flush(self, timeout_s: float) -> int:
+        """-> how many dead letters are still unacknowledged after `timeout_s` (0 when none
+        was ever sent)."""
+        return 0 if self._dead is None else self._dead.producer.flush(timeout_s)
 
 
 def parse_headers(headers) -> dict[str, str]:

@@ -47,9 +47,7 @@ class GenerationWriter:
             if publish:
                 change = changes.diff(n, model.id, seq + 1, tokens[i], assign[i], pub,
                                       event_ts[n], ts)
-                if change is not None:
-                    seq += 1
-                    batch.publish(n, seq, model.id, change.tokens, change.assign, changes.encode(change))
+                seq = self._publish(batch, seq, change)
             rec = IndexRecord(n, model.id, seq, emb[i], tuple(int(t) for t in tokens[i]),
                               tuple(int(a) for a in assign[i]), event_ts[n], ts)
             batch.put_record(gen, rec, old)
@@ -77,8 +75,19 @@ class GenerationWriter:
         if not publish or pub is None or not pub[2]:     # subscribers know no tokens of it
             return None
         change = changes.removal(node, model.id, seq + 1, pub[2], event_ts, ts)
-        batch.publish(node, seq + 1, model.id, [], [], changes.encode(change))
+        GenerationWriter._publish(batch, seq, change)
         return change
+
+    @staticmethod
+    def _publish(batch: IndexBatch, seq: int, change: "changes.TokenChange | None") -> int:
+        """Stage `change` (made with seq + 1; None: nothing to tell subscribers) for publishing.
+        The one place a node's seq moves on. -> the node's seq after it."""
+        if change is None:
+            return seq
+        assert change.seq == seq + 1, "a node's changes are numbered one after another"
+        batch.publish(change.node, change.seq, change.model, change.tokens, change.assign,
+                      changes.encode(change))
+        return change.seq
 
     @staticmethod
     def apply(out: Staged, memory: MemoryIndex) -> None:

@@ -15,7 +15,7 @@ import uuid
 
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.deadletter import DeadLetters
+from hirflow.streams.deadletter import LazyDeadLetters
 from hirflow.streams.topics import Topics
 from hirflow.trainer.announcement import Announcement
 
@@ -35,9 +35,8 @@ class CheckpointWatcher:
                                          **{"fetch.wait.max.ms": int(poll_s * 1000)})
         self.stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._dead: DeadLetters | None = None
+        self._dead = LazyDeadLetters(cfg.kafka, self.topics.dead_letter)
         self._error: BaseException | None = None
-        self._producer = None
 
     def start(self) -> None:
         self.consumer.subscribe([self.topics.checkpoints])
@@ -67,23 +66,15 @@ class CheckpointWatcher:
                     latest = Announcement.decode(m.value())
                 except Exception as exc:            # any record: a dead letter, never a stop
                     log.error("bad checkpoint announcement at offset %d: %s", m.offset(), exc)
-                    self._dead_letters().send(m, "bad_announcement", str(exc))
+                    self._dead.send(m, "bad_announcement", str(exc))
             if not msgs and latest is not None:        # caught up: act on the newest only
                 log.info("checkpoint %s announced at %s", latest.id, latest.path)
                 self.on_announcement(latest)
                 latest = None
 
-    def _dead_letters(self) -> DeadLetters:
-        if self._dead is None:
-            self._producer = clients.producer(self.cfg.kafka)
-            self._dead = DeadLetters(self._producer, self.topics.dead_letter,
-                                     self.cfg.kafka.max_message_bytes)
-        return self._dead
-
     def close(self) -> None:
         self.stop.set()
         if self._thread is not None:
             self._thread.join(10)
-        if self._producer is not None:
-            self._producer.flush(10)
+        self._dead.flush(10)
         self.consumer.close()

@@ -12,10 +12,10 @@ import time
 from hirflow.state.events import EventError, Validator
 from hirflow.state.graph import GraphStore
 from hirflow.state.writer import GraphWriter
-from hirflow.streams import clients, standby
+from hirflow.streams import standby
 from hirflow.streams.changelog import ChangelogWriter, settle
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.deadletter import DeadLetters
+from hirflow.streams.deadletter import LazyDeadLetters
 from hirflow.streams.ingest import IngestLoop, owned_partitions
 from hirflow.streams.metrics import (DIRTY_NODES, EVENTS_APPLIED, EVENTS_CONSUMED, EVENTS_SKIPPED,
                                      PARTITIONS_OWNED, PROMOTED_PARTITIONS, RESTORED_CHANGES,
@@ -89,8 +89,7 @@ class WorkerRuntime:
         self.error: BaseException | None = None
         self.entity_error: BaseException | None = None   # an entity batch that failed to commit
         self._thread: threading.Thread | None = None
-        self._entity_producer = None
-        self._entity_dead: DeadLetters | None = None
+        self._entity_dead = LazyDeadLetters(cfg.kafka, self.topics.dead_letter)
         self.text_encoder = _text_encoder(cfg.worker.knowledge)
         self.refresh = None
         self.watcher = None
@@ -221,12 +220,12 @@ class WorkerRuntime:
                     reason, detail = (exc.reason, exc.detail) if isinstance(exc, EventError) \
                         else ("bad_entity", f"{type(exc).__name__}: {exc}"[:1000])
                     outcomes.append(reason)
-                    self._dead_letters().send_raw(topic, partition, offset, key, value, timestamp,
-                                                  reason, detail)
+                    self._entity_dead.send_raw(topic, partition, offset, key, value, timestamp,
+                                               reason, detail)
                 offsets[(topic, partition)] = offset
             try:
                 self._encode_texts([e for e in fresh if e.text])
-                if self._entity_producer is not None and self._entity_producer.flush(30):
+                if self._entity_dead.flush(30):
                     raise RuntimeError("dead letters for entities were not acknowledged")
                 self.writer.entities.commit(offsets)
             except Exception as exc:
@@ -250,13 +249,6 @@ class WorkerRuntime:
             return
         for ent, vec in zip(ents, vectors):
             self.writer.entities.set_knowledge(ent.node, vec)
-
-    def _dead_letters(self) -> DeadLetters:
-        if self._entity_dead is None:
-            self._entity_producer = clients.producer(self.cfg.kafka)
-            self._entity_dead = DeadLetters(self._entity_producer, self.topics.dead_letter,
-                                            self.cfg.kafka.max_message_bytes)
-        return self._entity_dead
 
     # -- health and gauges ----------------------------------------------------------------
     def healthy(self) -> tuple[bool, str]:
@@ -291,8 +283,7 @@ class WorkerRuntime:
     def close(self) -> None:
         self.stop_refresh()
         self.stop_ingest()
-        if self._entity_producer is not None:
-            self._entity_producer.flush(10)
+        self._entity_dead.flush(10)
         self._close_standby()
         if self.changelog is not None:
             self.changelog.close()
