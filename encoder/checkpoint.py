@@ -146,18 +146,3 @@ def load(path: str | os.PathLike) -> Checkpoint:
             except (ValueError, UnicodeDecodeError) as exc:
                 raise CheckpointError(f"{path}: {name} is not JSON ({exc})") from None
     return Checkpoint(path, manifest, weights, codebooks, documents)
-
-
-def load_into(model: torch.nn.Module, ckpt: Checkpoint) -> None:
-    """Copy weights into a model built from the manifest's config; shape mismatches refuse."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(ckpt.weights))
-    extra = sorted(set(ckpt.weights) - set(own))
-    if missing or extra:
-        raise CheckpointError(f"{ckpt.path}: weights do not match the model "
-                              f"(missing {missing[:3]}, unexpected {extra[:3]})")
-    for k, v in ckpt.weights.items():
-        if own[k].shape != v.shape:
-            raise CheckpointError(f"{ckpt.path}: {k} has shape {tuple(v.shape)}, model wants "
-                                  f"{tuple(own[k].shape)}")
-    model.load_state_dict(ckpt.weights)

@@ -116,10 +116,6 @@ class BoMQuantizer:
         """(n, M) int64 stable tokens: m * 2^nbits + code."""
         return self.codes(x) + (np.arange(self.cfg.m, dtype=np.int64) << self.cfg.nbits)[None]
 
-    def decode_tokens(self, tokens: np.ndarray) -> np.ndarray:
-        codes = tokens - (np.arange(self.cfg.m, dtype=np.int64) << self.cfg.nbits)[None]
-        return self.decode(codes)
-
     def decode(self, codes: np.ndarray) -> np.ndarray:
         return self.codebooks_array()[np.arange(self.cfg.m)[None], codes].sum(1)
 

@@ -135,15 +135,6 @@ def split(events: Iterable[Engagement], windows: Windows) -> dict[str, list[Enga
     return out
 
 
-def time_chunked_order(ts: np.ndarray, chunk_ms: int, rng: np.random.Generator) -> np.ndarray:
-    """An order of indices that keeps time chunks in sequence and shuffles only inside each
-    chunk, so a batch never mixes a later chunk with an earlier one."""
-    ts = np.asarray(ts)
-    chunk = (ts - ts.min()) // max(1, chunk_ms)
-    order = np.lexsort((rng.random(len(ts)), chunk))
-    return order
-
-
 def world_knowledge(entities: Iterable[Entity], cutoff_ms: int, encode) -> dict[str, np.ndarray]:
     """node -> world-knowledge vector of its newest text up to the cutoff, as the knowledge
     agent stores it for serving (so training sees what serving will). `encode` maps a list

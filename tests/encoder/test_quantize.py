@@ -18,7 +18,7 @@ def test_tokens_are_stable_unique_per_codebook_and_survive_a_codebook_round_trip
         assert ((tok[:, m] >> 5) == m).all()
     q2 = BoMQuantizer.from_codebooks(q.codebooks_array(), q.cfg)
     assert (q2.tokens(x) == tok).all()
-    assert np.allclose(q.decode_tokens(tok), q.decode(q.codes(x)))
+    assert ((tok & 31) == q.codes(x)).all()                      # the low bits are the code
 
 
 def test_reconstruction_improves_with_more_codebooks_and_training_is_reproducible():

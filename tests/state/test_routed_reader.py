@@ -19,7 +19,7 @@ from hirflow.state.view_source import LocalViews
 from hirflow.state.views import STUDENT, TEACHER, ViewSampler
 from hirflow.streams import peer_reads
 from tests.state.helpers import apply_direct
-from tests.state.test_view_sampler_reference import ODD, T0, DAY, assert_same, random_events
+from tests.state.view_world import DAY, ODD, T0, assert_same, random_events
 
 PARTITIONS, WORKERS = 4, 2
 

@@ -10,8 +10,7 @@ from hirflow.state.view_pool import PreparedParts, ViewPool
 from hirflow.state.view_source import LocalViews
 from hirflow.state.views import STUDENT
 from tests.state.helpers import apply_direct
-from tests.state.test_view_source import same_views
-from tests.state.test_views import DAY, T0, world
+from tests.state.view_world import DAY, T0, same_views, world
 
 
 def test_each_process_samples_its_part_and_the_batch_comes_back_in_order(tmp_path):

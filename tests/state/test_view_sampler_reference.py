@@ -5,39 +5,15 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hirflow.state.events import Engagement
 from hirflow.state.graph import GraphConfig, GraphStore
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.views import STUDENT, TEACHER, ViewConfig, ViewSampler
 from tests.state.helpers import apply_direct
 from tests.state.reference_views import ReferenceSampler
+from tests.state.view_world import DAY, ODD, T0, assert_same, random_events
 
-T0 = 1_767_225_600_000
-DAY = 86_400_000
-ODD = ViewConfig(max_nodes=5, hops=3, fanout=2, walks=3, walk_length=4, restart=0.5)
 WALKS_ONLY = ViewConfig(max_nodes=8, hops=0, fanout=3, walks=5, walk_length=5)
 NO_WALKS = ViewConfig(max_nodes=12, hops=2, fanout=4, walks=0)
-
-
-def random_events(rng, users, items, n, same_time):
-    actions = ["impression", "click", "conversion", "not_interested", "owns"]
-    ts = [T0 + int(rng.integers(0, 20)) * DAY if same_time else T0 + int(rng.integers(0, 30 * DAY))
-          for _ in range(n)]
-    return [Engagement(f"user:{rng.integers(users)}", f"ad:{rng.integers(items)}",
-                       str(rng.choice(actions)), t) for t in ts]
-
-
-def assert_same(got, want):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.anchor == w.anchor and g.cutoff == w.cutoff
-        assert g.nodes == w.nodes
-        for f in ("types", "hop", "edge_src", "edge_dst", "edge_action"):
-            assert np.array_equal(getattr(g, f), getattr(w, f)), f
-            assert getattr(g, f).dtype == getattr(w, f).dtype, f
-        for f in ("stats", "edge_weight", "edge_age"):
-            assert getattr(g, f).dtype == getattr(w, f).dtype and getattr(g, f).shape == getattr(w, f).shape, f
-            assert np.allclose(getattr(g, f), getattr(w, f), rtol=1e-6, atol=1e-7), f
 
 
 @settings(max_examples=25, deadline=None)

@@ -8,17 +8,7 @@ from hirflow.state.schema import SchemaConfig
 from hirflow.state.view_source import LocalViews, ViewProcess, ViewProcessError
 from hirflow.state.views import STUDENT
 from tests.state.helpers import apply_direct
-from tests.state.test_views import DAY, T0, world
-
-FIELDS = ("types", "hop", "stats", "edge_src", "edge_dst", "edge_action", "edge_weight", "edge_age")
-
-
-def same_views(a, b) -> None:
-    assert [v.nodes for v in a] == [v.nodes for v in b]
-    for va, vb in zip(a, b):
-        for f in FIELDS:
-            np.testing.assert_array_equal(getattr(va, f), getattr(vb, f), err_msg=f)
-
+from tests.state.view_world import DAY, T0, same_views, world
 
 def test_the_child_samples_what_this_process_would_and_follows_new_commits(tmp_path):
     schema = SchemaConfig()

@@ -2,20 +2,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hirflow.state.events import Engagement
 from hirflow.state.graph import GraphConfig, GraphStore
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.views import STUDENT, TEACHER, ViewSampler
 from tests.state.helpers import apply_direct
+from tests.state.view_world import DAY, T0, world
 
-T0 = 1_767_225_600_000
-DAY = 86_400_000
-
-
-def world(rng, n_users=30, n_ads=20, n=600):
-    return [Engagement(f"user:{rng.integers(n_users)}", f"ad:{rng.integers(n_ads)}",
-                       str(rng.choice(["impression", "click", "conversion"])),
-                       int(T0 + rng.integers(0, 30 * DAY))) for _ in range(n)]
 
 
 @settings(max_examples=15, deadline=None)

@@ -5,7 +5,7 @@ import pytest
 
 from hirflow.state.events import Engagement
 from hirflow.streams.synth import SynthConfig, SynthWorld
-from tests.trainer.test_train import small
+from tests.trainer.helpers import small
 from hirflow.trainer.data import Windows, chronological_windows
 from hirflow.trainer import baselines as B
 from hirflow.trainer.evaluate import TrainedOnTestWindow, evaluate

@@ -8,25 +8,15 @@ import pytest
 from hirflow.encoder.checkpoint import load
 from hirflow.trainer.holdout import weights_tried
 from hirflow.encoder.model import EncoderConfig
-from hirflow.encoder.quantize import QuantizerConfig
 from hirflow.state.events import Engagement
-from hirflow.state.schema import SchemaConfig
 from hirflow.streams.synth import SynthConfig, SynthWorld
 from hirflow.trainer.train import NonFiniteLoss, TrainConfig, train
+from tests.trainer.helpers import small
 
 
 def events():
     w = SynthWorld(SynthConfig(events=1500, users=60, advertisers=4, span_days=4, seed=2))
     return [e for e in w.stream() if isinstance(e, Engagement)]
-
-
-def small(tmp_path, **kw):
-    schema = SchemaConfig()
-    enc = EncoderConfig.for_schema(schema, levels=(4, 16), d_model=32, d_ff=64, d_emb=32)
-    kw.setdefault("snapshot_every_s", 0.0)              # a snapshot after every chunk
-    cfg = TrainConfig(batch_edges=32, max_steps_per_chunk=2, chunk_hours=24,
-                      quantizer=QuantizerConfig(m=2, nbits=4), log_path=str(tmp_path / "log.jsonl"), **kw)
-    return schema, enc, cfg
 
 
 def test_training_writes_a_verified_checkpoint_and_a_metrics_log(tmp_path):
