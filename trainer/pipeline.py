@@ -66,11 +66,13 @@ class ChunkDone:
 
 
 def chunk_plan(events: Sequence[Engagement], chunk_ms: int, batch_edges: int, max_steps: int | None,
-               seed: int, passes: int = 1) -> list[list[np.ndarray]]:
+               seed: int, passes: int = 1, cuts: Sequence[int] = ()) -> list[list[np.ndarray]]:
     """Per time chunk, the event indices of each of its steps (chunk 0 only builds state):
-    `passes` shuffles of the chunk's events, up to `max_steps` batches each (None: all)."""
+    `passes` shuffles of the chunk's events, up to `max_steps` batches each (None: all).
+    Chunks are `chunk_ms` long from the first event; each time in `cuts` also begins one."""
     t0 = events[0].ts
-    ids = np.array([(e.ts - t0) // chunk_ms for e in events])
+    ts = np.fromiter((e.ts for e in events), np.int64, len(events))
+    ids = (ts - t0) // chunk_ms + np.searchsorted(np.sort(np.asarray(cuts, np.int64)), ts, "right")
     chunks = np.split(np.arange(len(events)), np.flatnonzero(np.diff(ids)) + 1)
     plan = []
     for k, idx in enumerate(chunks):

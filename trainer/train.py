@@ -193,10 +193,6 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
         p.requires_grad_(False)
     opt = torch.optim.AdamW(list(student.parameters()) + list(head.parameters()), lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
-    plan, passes = _plan(events, cfg)
-    steps = sum(len(p) - 1 for p in plan)
-    lr = cosine(cfg.lr, cfg.lr * cfg.lr_end, max(1, steps), warmup_steps=min(cfg.warmup_steps, max(1, steps) - 1))
-    mom = teacher_momentum(max(1, steps), cfg.momentum)
     snap_dir = Path(out_dir) / "_resume"
     fp = resume_mod.fingerprint([(e.ts, e.src, e.dst, e.action, e.w) for e in events], _manifest_train(cfg),
                                 enc_cfg.to_dict(), parent, init.id if init is not None else None,
@@ -209,6 +205,10 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
         # parent trained up to a recent cutoff): it keeps the weight its parent chose
         ccfg = dataclasses.replace(ccfg, weight=float(parent_weight))
     collab = CollaborativeFit(events, schema, ccfg)
+    plan, passes = _plan(events, cfg, collab.starts)
+    steps = sum(len(p) - 1 for p in plan)
+    lr = cosine(cfg.lr, cfg.lr * cfg.lr_end, max(1, steps), warmup_steps=min(cfg.warmup_steps, max(1, steps) - 1))
+    mom = teacher_momentum(max(1, steps), cfg.momentum)
     watch = CollapseWatch(cfg.collapse_cosine)
     item_codes = torch.tensor(sorted({schema.all_node_types.index(t) for t in schema.item_node_types}),
                               device=dev)
@@ -327,13 +327,19 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     return path
 
 
-def _plan(events, cfg: TrainConfig) -> tuple[list, int]:
+def _plan(events, cfg: TrainConfig, holdout_starts: Sequence[int] = ()) -> tuple[list, int]:
     """The run's `chunk_plan` and its passes: `cfg.passes`, raised until the run takes at
     least `cfg.min_steps` steps (not when the steps per chunk are capped: a capped run is
-    asked to be short)."""
+    asked to be short). A holdout window is judged at the first chunk that begins at or
+    after its start, before the encoder trains on it; where no chunk would begin before the
+    data's end (a stream of a few days in day-long chunks), one is cut at the start."""
+    chunk_ms = int(cfg.chunk_hours * 3_600_000)
+    t0, last = events[0].ts, events[-1].ts
+    cuts = [s for s in holdout_starts if t0 + -(-(s - t0) // chunk_ms) * chunk_ms > last]
+
     def plan(passes: int) -> list:
-        return chunk_plan(events, int(cfg.chunk_hours * 3_600_000), cfg.batch_edges,
-                          cfg.max_steps_per_chunk, cfg.seed, passes)
+        return chunk_plan(events, chunk_ms, cfg.batch_edges, cfg.max_steps_per_chunk, cfg.seed,
+                          passes, cuts)
     first = plan(cfg.passes)
     per_pass = sum(len(p) - 1 for p in first) // cfg.passes
     if not cfg.min_steps or cfg.max_steps_per_chunk is not None or not per_pass:

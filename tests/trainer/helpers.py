@@ -12,6 +12,7 @@ def small(tmp_path, **kw):
     schema = SchemaConfig()
     enc = EncoderConfig.for_schema(schema, levels=(4, 16), d_model=32, d_ff=64, d_emb=32)
     kw.setdefault("snapshot_every_s", 0.0)              # a snapshot after every chunk
-    cfg = TrainConfig(batch_edges=32, max_steps_per_chunk=2, chunk_hours=24,
+    kw.setdefault("chunk_hours", 24)
+    cfg = TrainConfig(batch_edges=32, max_steps_per_chunk=2,
                       quantizer=QuantizerConfig(m=2, nbits=4), log_path=str(tmp_path / "log.jsonl"), **kw)
     return schema, enc, cfg

@@ -1,5 +1,7 @@
 """Reading up to a cutoff on the real (embedded) broker, chronological windows, chunk shuffles."""
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hirflow.state.events import Engagement, Validator
 from hirflow.streams.replay import produce
@@ -50,3 +52,23 @@ def test_chunk_plan_passes_reshuffle_each_chunk():
         firsts, seconds = np.concatenate(b[1:1 + n]), np.concatenate(b[1 + n:])
         assert sorted(firsts) == sorted(seconds) == sorted(a[0])   # each pass covers the chunk once
         assert not (firsts == seconds).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 100 * HOUR), min_size=2, max_size=300),
+       st.integers(1, 48), st.lists(st.integers(0, 100 * HOUR), max_size=3))
+def test_chunks_are_time_ordered_at_most_chunk_long_and_begin_at_every_cut(offsets, hours, cuts):
+    from hirflow.trainer.pipeline import chunk_plan
+    evs = [Engagement(f"user:{i % 7}", f"ad:{i % 5}", "click", T0 + o)
+           for i, o in enumerate(sorted(offsets))]
+    cuts = [T0 + c for c in cuts]
+    plan = chunk_plan(evs, hours * HOUR, 16, None, seed=0, cuts=cuts)
+    chunks = [[evs[i].ts for i in p[0]] for p in plan]
+    assert sum(len(c) for c in chunks) == len(evs)
+    for a, b in zip(chunks, chunks[1:]):
+        assert max(a) < min(b)                                   # in time order
+        assert (min(b) - T0) // (hours * HOUR) > (max(a) - T0) // (hours * HOUR) or \
+            any(max(a) < c <= min(b) for c in cuts)              # a boundary or a cut between
+    for c in chunks:
+        assert (max(c) - T0) // (hours * HOUR) == (min(c) - T0) // (hours * HOUR)
+        assert not any(min(c) < cut <= max(c) for cut in cuts)   # no chunk spans a cut

@@ -128,6 +128,15 @@ def test_resume_refuses_a_snapshot_of_other_data(tmp_path, monkeypatch):
         train(events()[:-10], schema, enc, cfg, tmp_path / "run", progress=False, resume=True)
 
 
+def test_the_holdout_is_judged_when_no_chunk_begins_inside_it(tmp_path):
+    """Chunks longer than the whole stream: the holdout window still gets its chunk (cut at
+    its start), so the weight is chosen, not defaulted."""
+    schema, enc, cfg = small(tmp_path, chunk_hours=24 * 30)
+    ck = load(train(events(), schema, enc, cfg, tmp_path / "ckpt", progress=False))
+    chosen = ck.manifest["collaborative"]["holdout"]
+    assert chosen["usable"] and chosen["why"] and chosen["weight_recall@20"]
+
+
 def test_warm_start_continues_from_the_parent_weights(tmp_path):
     schema, enc, cfg = small(tmp_path)
     first = load(train(events(), schema, enc, cfg, tmp_path / "a", progress=False))
