@@ -21,17 +21,14 @@ class CollaborativeConfig:
                                      # chooses lambda and the weight
     weight_windows: int = 1          # successive holdout windows (each a `holdout` share, the
                                      # last ending the training window) whose users' Recall@20
-                                     # together choose the weight (2: on validation the same
-                                     # weight in 3 runs of 4, Recall@20 1.4 % lower in the
-                                     # fourth: docs/evaluation.md)
+                                     # together choose the weight
     min_holdout_users: int = 200     # users with a history the holdout windows judge together:
                                      # earlier windows (each a `holdout` share) are added until
                                      # they hold this many, up to `max_holdout_share`
     max_holdout_share: float = 0.5   # the most of the training window the holdouts may cover
-    max_items: int = 5_000           # most-engaged items in the vocabulary: a dense I x I
-                                     # solve and SVD per lambda tried; on 2 cores 3,600 items
-                                     # take 2 s per solve and 12 s per SVD, 10,000 items 45 s
-                                     # and 103 s (~8 minutes in all), 5,000 about a minute
+    max_items: int = 5_000           # the most-engaged items, solved densely (an I x I EASE^R
+                                     # solve per lambda tried: cubic in this); every other item
+                                     # with enough users is folded in against them (block_fit)
     unit_users: bool = True          # a user's block set to a fixed length (False: the plain
                                      # sum, whose share grows with the user's history)
     recency_days: float | None = None    # tau of a user's item weights in days (0: all alike;

@@ -79,18 +79,15 @@ class TrainConfig:
     teacher_anchors: int | None = 32    # anchors per step that get a broad (teacher) view
     lr: float = 2e-3
     # the cosine schedule's last learning rate, as a share of lr: training runs in time order,
-    # so the last weeks, the closest to what is served next, are learned at the schedule's
-    # tail; 0.3 beat 0.05 and 1.0 on both data sets' validation windows, and was level with
-    # 0.05 on their test windows over four seeds (docs/evaluation.md)
+    # so the last weeks, the closest to what is served next, are learned at the schedule's tail
     lr_end: float = 0.3
     weight_decay: float = 0.01
     warmup_steps: int = 5
     momentum: float = 0.996          # teacher EMA momentum at the start (rises to 1)
     sinkhorn_epsilon: float = 0.05
     sinkhorn_iters: int = 3
-    # distillation shapes the primitives but competes with retrieval: at weight 1 it cost
-    # ~40% of validation Recall@20 on Online Retail (docs/evaluation.md); primitives are
-    # refitted to the final embeddings anyway (refit_prototypes)
+    # distillation shapes the primitives but competes with retrieval, so it is kept light;
+    # primitives are refitted to the final embeddings anyway (refit_prototypes)
     w_distill: float = 0.1
     w_engage: float = 1.0
     w_hierarchy: float = 0.01
@@ -104,9 +101,8 @@ class TrainConfig:
     negatives: int = 2               # "bce" only: per positive, same node type as the true dst
     passes: int = 1                  # shuffled passes over each chunk's events
     min_steps: int = 1000            # a small data set gets more passes, to at least this many
-                                     # steps (unless max_steps_per_chunk caps the run)
-                                     # (synthetic world, validation Recall@20: 1 pass 0.180,
-                                     # 4 passes 0.294; docs/evaluation.md); 0: `passes` only
+                                     # steps (unless max_steps_per_chunk caps the run); 0:
+                                     # `passes` only
     cold_share: float = 0.2          # student views reduced to the anchor alone (cold-start drill)
     refit_prototypes: bool = True    # fit the primitive tree to the final embeddings (k-means)
     centre_types: bool = True        # fit primitives to embeddings less their type's mean
