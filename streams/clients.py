@@ -8,11 +8,14 @@ import logging
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
+from hirflow.streams.broker_watch import INTERVAL_MS, WATCH
 from hirflow.streams.config import KafkaConfig
 
 # librdkafka's own log lines (connection refused, metadata errors) go through `logging`, so the
 # JSON format holds and `logs.setup` rate-limits their repeats during an outage
 KAFKA_LOG = logging.getLogger("hirflow.kafka")
+# each client's statistics tell `broker_watch` whether it reaches a broker
+WATCHED = {"stats_cb": WATCH.stats, "statistics.interval.ms": INTERVAL_MS}
 
 
 def connection(cfg: KafkaConfig) -> dict:
@@ -36,6 +39,7 @@ def producer(cfg: KafkaConfig, **extra) -> Producer:
         "message.max.bytes": cfg.max_message_bytes,
         "compression.type": cfg.compression,
         "logger": KAFKA_LOG,
+        **WATCHED,
         **cfg.client,
         **extra,
     }
@@ -56,6 +60,7 @@ def consumer(cfg: KafkaConfig, group_id: str, **extra) -> Consumer:
         "fetch.max.bytes": max(52_428_800, cfg.max_message_bytes * 2),
         "max.partition.fetch.bytes": max(1_048_576, cfg.max_message_bytes),
         "logger": KAFKA_LOG,
+        **WATCHED,
         **cfg.client,
         **extra,
     }
