@@ -21,12 +21,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from hirflow.state.events import Engagement, EventError, Validator
 from hirflow.state.writer import BOTH_SIDES, GraphWriter
 from hirflow.streams import clients
+from hirflow.streams.broker_watch import WATCH
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.deadletter import DeadLetters
 from hirflow.streams.routing import partitions_of
 from hirflow.streams.metrics import (APPLIED_OFFSET, BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
                                      EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, NODES_EXPIRED)
 from hirflow.streams.side_router import SideRouter
+from hirflow.streams.topic_identity import IdentityGuard
 from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,9 @@ class IngestLoop:
         self._last_record = time.monotonic()
         self._last_sweep = time.monotonic()
         self.applied = 0
+        # records are applied only once their topics are known to be the state's
+        self.identity = IdentityGuard(writer.store, cfg.kafka, [topics.engagements, topics.reverse],
+                                      WATCH)
         self._assign()
 
     # -- setup ----------------------------------------------------------------------------
@@ -91,6 +96,13 @@ class IngestLoop:
         Returns the number of records consumed."""
         t = self.cfg.ingest.batch_wait_ms / 1000 if timeout is None else timeout
         msgs = self.consumer.consume(self.cfg.ingest.batch_max, timeout=t)
+        # the topics' identity, checked whenever it may have changed (with records in hand, or
+        # as soon as the broker answers: a recreated topic may hold nothing past our offsets)
+        if self.identity.due(bool(msgs) and self._went_back(msgs)) and (msgs or WATCH.up):
+            self.identity.check()
+        if msgs and not self.identity.verified:
+            self._rewind(msgs)                  # not known to be the state's topics: apply nothing
+            msgs = []
         if msgs:
             t0 = time.perf_counter()
             with self.writer.lock:
@@ -118,6 +130,24 @@ class IngestLoop:
             self._confirm_kafka_offsets()
         self._maybe_lag()
         return len(msgs)
+
+    def _went_back(self, msgs) -> bool:
+        """Whether a record lies at or behind its partition's stored offset: the consumer
+        was assigned past them, so its topic started over (or a crash is being replayed)."""
+        stored = self.writer.offsets
+        return any(m.error() is None and m.offset() <= stored.get((m.topic(), m.partition()), -1)
+                   for m in msgs)
+
+    def _rewind(self, msgs) -> None:
+        """Seek each partition back to its first record of `msgs`: they are read again."""
+        first: dict[tuple[str, int], int] = {}
+        for m in msgs:
+            if m.error() is None:
+                k = (m.topic(), m.partition())
+                first[k] = min(first.get(k, m.offset()), m.offset())
+        for (topic, p), off in first.items():
+            self.consumer.seek(TopicPartition(topic, p, off))
+        time.sleep(0.5)                           # the broker is away: no busy loop
 
     def commit(self) -> None:
         """Make everything consumed so far durable: sends acked, then one RocksDB batch with

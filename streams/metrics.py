@@ -28,6 +28,9 @@ APPLIED_OFFSET = Gauge("hirflow_applied_offset", "Last offset whose effect is du
                        ["topic", "partition"], registry=REGISTRY)
 BROKER_UP = Gauge("hirflow_broker_up", "1 while a Kafka client of this process reaches a broker "
                   "(librdkafka statistics), 0 through an outage", registry=REGISTRY)
+TOPICS_REFUSED = Counter("hirflow_topics_refused_total", "Checks that found a consumed topic "
+                         "recreated (another topic id than the state's): ingest stops",
+                         registry=REGISTRY)
 STATE_BYTES = Gauge("hirflow_state_bytes", "Estimated live bytes in RocksDB", registry=REGISTRY)
 DIRTY_NODES = Gauge("hirflow_dirty_nodes", "Nodes waiting for a refresh", registry=REGISTRY)
 CACHED_NODES = Gauge("hirflow_cached_nodes", "Node records in the write-back cache",

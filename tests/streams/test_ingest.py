@@ -307,3 +307,46 @@ def test_the_tail_of_a_dead_letter_burst_is_reported(caplog):
         dlq.flush_log()
     assert len(caplog.records) == 2 and "4 more" in caplog.records[-1].getMessage()
     assert len(sent) == 5
+
+
+def test_a_broker_that_lost_its_topics_stops_a_running_loop_before_any_new_record(tmp_path):
+    """The embedded broker killed and started again on its port (in-memory: its topics are
+    gone), the topics created again and a few records produced: the running loop checks the
+    topics' identity once the broker answers, before applying anything, and refuses with a
+    clear error and a metric. Nothing is applied from the new topic, nothing skipped."""
+    import os
+    import signal
+
+    import pytest
+
+    from hirflow.state.graph import IncompatibleStoreError
+    from hirflow.streams.broker import EmbeddedBroker
+    from hirflow.streams.metrics import TOPICS_REFUSED
+    from hirflow.streams.topics import ensure_topics
+    from tests.conftest import make_config
+    b = EmbeddedBroker().start()
+    cfg = make_config(tmp_path, bootstrap=b.bootstrap)
+    topics = Topics(cfg.kafka.topic_prefix)
+    ensure_topics(cfg.kafka, topics)
+    produce(cfg, engagements(400), progress=False)
+    store = GraphStore(tmp_path / "w", cfg.schema, cfg.kafka.partitions)
+    loop = IngestLoop(cfg, GraphWriter(store, cfg.graph), topics)
+    try:
+        run_until(loop, lambda: committed_total(cfg, topics.engagements) >= 400, timeout=60)
+        before = (loop.applied, dict(loop.writer.offsets))
+        refused = TOPICS_REFUSED._value.get()
+        os.killpg(b.proc.pid, signal.SIGKILL)
+        b.proc.wait()
+        for _ in range(20):
+            loop.poll_once(timeout=0.05)
+        b.start()
+        ensure_topics(cfg.kafka, topics)
+        produce(cfg, engagements(40), progress=False)
+        with pytest.raises(IncompatibleStoreError, match="deleted and created again"):
+            run_until(loop, lambda: False, timeout=90)
+        assert (loop.applied, dict(loop.writer.offsets)) == before
+        assert TOPICS_REFUSED._value.get() == refused + 1
+    finally:
+        loop.consumer.close()
+        store.close()
+        b.stop()
