@@ -124,11 +124,11 @@ def topics_create(obj: Ctx):
 def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
     """Run the stream worker: engagement ingest, entity agent, refresh loop (token changes),
     hot swap of announced checkpoints, the query API, health and metrics."""
-    import faust
 
     from hirflow.streams import plan
     from hirflow.streams.app import build_app
     from hirflow.streams.runtime import WorkerRuntime
+    from hirflow.streams.shutdown import BoundedWorker
     from hirflow.streams.topics import Topics, ensure_topics
     cfg = obj.config(**{"worker.index": index, "worker.count": count, "worker.web_port": web_port,
                         "refresh.checkpoint": checkpoint})
@@ -151,8 +151,8 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
     if cfg.worker.changelog:
         watcher = plan.PlanWatcher(cfg, cfg.worker.count, lambda p: setattr(runtime, "replan", p)).start()
     try:
-        worker = faust.Worker(app, loglevel=(obj.log_level or cfg.worker.log_level).lower(),
-                              override_logging=False, quiet=True)
+        worker = BoundedWorker(app, loglevel=(obj.log_level or cfg.worker.log_level).lower(),
+                               override_logging=False, quiet=True)
         if not sys.stdout.isatty():
             worker.spinner = None       # its cursor codes would land in a redirected log
         worker.execute_from_commandline()

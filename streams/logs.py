@@ -23,30 +23,35 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(d, default=str)
 
 
-class Repeats(logging.Filter):
-    """At most one line per `every_s` seconds for each kind of message (its text with the
-    digits left out: a reconnect's timings and offsets vary, its meaning does not); the next
-    line of a kind says how many were held back."""
+CHATTY = ("hirflow.kafka", "aiokafka")     # the Kafka clients' own loggers and their children
 
-    def __init__(self, every_s: float = 10.0) -> None:
+
+class Repeats(logging.Filter):
+    """At most one line per `every_s` seconds from each of the loggers named `names` (with
+    the loggers below them): a broker outage makes the Kafka clients repeat a dozen kinds of
+    reconnect and metadata errors many times a second, and `broker_watch` already says what
+    is unreachable and for how long. The next line let through counts those held back. A
+    handler's filter: a logger's own would miss its children's lines."""
+
+    def __init__(self, every_s: float = 10.0, names: tuple[str, ...] = CHATTY) -> None:
         super().__init__()
         self.every_s = every_s
+        self.names = names
         self._last: dict[str, tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.CRITICAL:
+        family = next((n for n in self.names
+                       if record.name == n or record.name.startswith(n + ".")), None)
+        if family is None or record.levelno >= logging.CRITICAL:
             return True
-        kind = "".join(c for c in f"{record.name}:{record.getMessage()}"[:120] if not c.isdigit())
         now = time.monotonic()
-        last, held = self._last.get(kind, (-1e18, 0))
+        last, held = self._last.get(family, (-1e18, 0))
         if now - last < self.every_s:
-            self._last[kind] = (last, held + 1)
+            self._last[family] = (last, held + 1)
             return False
-        self._last[kind] = (now, 0)
-        if len(self._last) > 10_000:             # many distinct kinds: start over
-            self._last = {kind: (now, 0)}
+        self._last[family] = (now, 0)
         if held:
-            record.msg = f"{record.getMessage()} (+{held} like it in the last {self.every_s:g} s)"
+            record.msg = f"{record.getMessage()} (+{held} more {family} lines in the last {self.every_s:g} s)"
             record.args = ()
         return True
 
@@ -66,7 +71,4 @@ def setup(level: str = "INFO", fmt: str = "text") -> None:
     for noisy in ("aiokafka", "faust", "mode", "faiss.loader", "sentence_transformers"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
     # the clients' reconnect chatter during a broker outage: one line per kind per 10 s
-    for chatty in ("hirflow.kafka", "aiokafka"):
-        logger = logging.getLogger(chatty)
-        logger.filters[:] = [f for f in logger.filters if not isinstance(f, Repeats)]
-        logger.addFilter(Repeats())
+    handler.addFilter(Repeats())

@@ -63,20 +63,24 @@ def test_a_replayed_years_old_event_is_counted_apart_from_freshness():
 
 
 def test_repeated_client_lines_are_held_back_and_counted():
-    """A broker outage's reconnect lines: one per kind per interval, the next one counting
-    those held back; other kinds pass."""
+    """A broker outage's client chatter: one line per client library per interval, the next
+    one counting those held back; hirflow's own lines pass."""
     import logging
     from hirflow.streams.logs import Repeats
     f = Repeats(every_s=60)
 
-    def rec(msg):
-        return logging.LogRecord("hirflow.kafka", logging.WARNING, __file__, 1, msg, (), None)
+    def rec(msg, name="hirflow.kafka"):
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, msg, (), None)
 
     first = rec("FAIL|rdkafka#producer-1| Connect to 127.0.0.1:9092 failed (after 0ms)")
     assert f.filter(first)
     assert not any(f.filter(rec(f"FAIL|rdkafka#producer-1| Connect to 127.0.0.1:9092 failed (after {i}ms)"))
-                   for i in range(5))
-    assert f.filter(rec("coordinator not available"))
+                   for i in range(4))
+    assert not f.filter(rec("coordinator not available"))
+    child = rec("Failed fetch messages from 111: NodeNotReadyError", "aiokafka.consumer.fetcher")
+    assert f.filter(child) and not f.filter(child)                   # a client's child logger too
+    mine = rec("x", "hirflow.streams.ingest")
+    assert f.filter(mine) and f.filter(mine)                         # hirflow's own lines pass
     f._last = {k: (v[0] - 61, v[1]) for k, v in f._last.items()}       # a minute later
     again = rec("FAIL|rdkafka#producer-1| Connect to 127.0.0.1:9092 failed (after 3ms)")
-    assert f.filter(again) and "(+5 like it" in again.getMessage()
+    assert f.filter(again) and "(+5 more hirflow.kafka lines" in again.getMessage()

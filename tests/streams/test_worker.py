@@ -404,3 +404,40 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
     finally:
         for w in ws:
             assert w.stop() == 0
+
+
+def test_sigterm_with_the_broker_gone_ends_the_worker_within_twenty_seconds(tmp_path):
+    """The broker killed under a running worker: SIGTERM still ends it within 20 s (the
+    graceful stop cannot get its acknowledgements; past its deadline the worker exits as
+    a kill -9 would, which loses nothing)."""
+    import os
+    import signal
+
+    from hirflow.streams.broker import EmbeddedBroker
+    from hirflow.streams.shutdown import FORCED_EXIT
+    from hirflow.streams.topics import ensure_topics
+    from tests.conftest import make_config
+    b = EmbeddedBroker().start()
+    cfg = make_config(tmp_path, bootstrap=b.bootstrap, partitions=1)
+    ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
+    world = SynthWorld(SynthConfig(events=600, users=40, advertisers=3, seed=5))
+    produce(cfg, [e for e in world.stream() if isinstance(e, Engagement)], progress=False)
+    w = WorkerProcess(cfg, tmp_path / "worker.log", {"HIRFLOW_WORKER__KNOWLEDGE": "false",
+                                                      "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5"}).start()
+    try:
+        w.wait_metric("hirflow_events_applied_total", 100, timeout=90)
+        at_kill = (tmp_path / "worker.log").read_bytes().count(b"\n")
+        os.killpg(b.proc.pid, signal.SIGKILL)
+        b.proc.wait()
+        time.sleep(2)
+        t = time.monotonic()
+        code = w.terminate(timeout=40)
+        took = time.monotonic() - t
+        assert took <= 20, f"SIGTERM took {took:.1f} s"
+        assert code in (0, FORCED_EXIT), code
+        # the outage's lines: about one a second at most (clients' repeats held back)
+        lines = (tmp_path / "worker.log").read_bytes().count(b"\n") - at_kill
+        assert lines <= 20, f"{lines} log lines in ~20 s of outage"
+    finally:
+        w.close()
+        b.stop()
