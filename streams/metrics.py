@@ -31,6 +31,9 @@ BROKER_UP = Gauge("hirflow_broker_up", "1 while a Kafka client of this process r
 TOPICS_REFUSED = Counter("hirflow_topics_refused_total", "Checks that found a consumed topic "
                          "recreated (another topic id than the state's): ingest stops",
                          registry=REGISTRY)
+OUTBOX_RESENDS = Counter("hirflow_token_outbox_resends_total", "Token-change producers replaced "
+                         "after acknowledgements did not come in time (the outbox produced again)",
+                         registry=REGISTRY)
 STATE_BYTES = Gauge("hirflow_state_bytes", "Estimated live bytes in RocksDB", registry=REGISTRY)
 DIRTY_NODES = Gauge("hirflow_dirty_nodes", "Nodes waiting for a refresh", registry=REGISTRY)
 CACHED_NODES = Gauge("hirflow_cached_nodes", "Node records in the write-back cache",

@@ -79,7 +79,7 @@ class _Batch:
 
 class RefreshLoop:
     def __init__(self, cfg: HirflowConfig, store: GraphStore, writer: GraphWriter,
-                 topics: Topics, producer=None) -> None:
+                 topics: Topics) -> None:
         self.cfg, self.rcfg = cfg, cfg.refresh
         self.store, self.writer, self.topics = store, writer, topics
         self.types = list(cfg.schema.all_node_types)
@@ -89,7 +89,7 @@ class RefreshLoop:
         if str(self.device) == "cpu":
             set_cpu_threads(self.rcfg.cpu_threads)
         self.outbox = TokenOutbox(self.index, store.keys,
-                                  producer or clients.producer(cfg.kafka, **{"linger.ms": 1}),
+                                  lambda: clients.producer(cfg.kafka, **{"linger.ms": 1}),
                                   topics.token_changes)
         w, partitions = cfg.worker, cfg.kafka.partitions
         self.owns = None if w.count == 1 else (lambda n: owner_of(n, partitions, w.count) == w.index)
@@ -195,10 +195,7 @@ class RefreshLoop:
         self._give_back_ahead()
         if self.forward is not None:
             self.forward.close()
-        try:
-            self.outbox.confirm()
-        except RuntimeError as exc:
-            log.warning("%s; they are sent again on restart", exc)
+        self.outbox.confirm(replace=False)
         self.views.close()
 
     @property

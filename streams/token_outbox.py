@@ -5,6 +5,12 @@ A change enters the outbox in the same RocksDB batch as the record it describes 
 its outbox entry. The acks are checked just before the next send (one batch later, so the
 wait overlaps that batch's encoding) or when the loop is idle. After a crash the entries
 still in the outbox are produced again with the same seq and bytes, never other content.
+
+Acknowledgements that do not come within `ACK_DEADLINE_S` (a broker that is away, or one that
+came back without the idempotent producer's state and never answers it) never stop the
+refresh: the producer is replaced by a new one, which produces every entry still in the
+outbox again (at least once, as after a crash; subscribers keep the highest seq), and the
+entries stay until a producer's acknowledgement removes them.
 """
 from __future__ import annotations
 
@@ -15,16 +21,21 @@ import time
 from hirflow.state.index import TokenIndex, delete_outbox
 from hirflow.state.keys import KeyCodec
 from hirflow.streams import changes, clients
-from hirflow.streams.metrics import FRESHNESS, HISTORICAL_CHANGES, HISTORICAL_S, TOKEN_CHANGES
+from hirflow.streams.metrics import (FRESHNESS, HISTORICAL_CHANGES, HISTORICAL_S, OUTBOX_RESENDS,
+                                     TOKEN_CHANGES)
 
 log = logging.getLogger(__name__)
+
+ACK_DEADLINE_S = 10.0
 
 
 class TokenOutbox:
     """Used by the refresh thread only."""
 
-    def __init__(self, index: TokenIndex, keys: KeyCodec, producer, topic: str) -> None:
-        self.index, self.keys, self.producer, self.topic = index, keys, producer, topic
+    def __init__(self, index: TokenIndex, keys: KeyCodec, make_producer, topic: str) -> None:
+        self.index, self.keys, self.topic = index, keys, topic
+        self._make_producer = make_producer
+        self.producer = make_producer()
         self._errors: list[str] = []
         self._unacked: list[bytes] = []          # outbox keys produced, acks not yet checked
 
@@ -74,13 +85,43 @@ class TokenOutbox:
             else:
                 FRESHNESS.observe(age)
 
-    def confirm(self) -> None:
-        """Wait for the acks of what was produced, then drop those outbox entries."""
+    def confirm(self, replace: bool = True) -> bool:
+        """Wait for the acks of what was produced, then drop those outbox entries. -> False
+        when they did not all come within `ACK_DEADLINE_S`: with `replace`, a new producer
+        is re-sending the whole outbox, checked at the next call (else the entries wait for
+        the next start)."""
         if not self._unacked:
-            return
-        if self.producer.flush(30) or self._errors:
+            return True
+        left = self.producer.flush(ACK_DEADLINE_S)
+        if left or self._errors:
             errs, self._errors = self._errors, []
-            raise RuntimeError(f"token changes were not acknowledged: {errs[:3]}")
+            why = f"{left} unacknowledged after {ACK_DEADLINE_S:g} s" if left \
+                else f"delivery failed: {errs[:3]}"
+            if replace:
+                self._replace_producer(why)
+            else:
+                log.warning("token changes: %s; they are sent again at the next start", why)
+            return False
         delete_outbox(self.index, self._unacked)
         TOKEN_CHANGES.inc(len(self._unacked))
         self._unacked = []
+        return True
+
+    def _replace_producer(self, why: str) -> None:
+        """Drop the producer (and what it still queues) for a new one that produces every
+        entry of the outbox again."""
+        OUTBOX_RESENDS.inc()
+        try:
+            self.producer.purge()
+        except Exception as exc:             # a producer in a fatal state: dropped anyway
+            log.debug("purging the old producer failed: %s", exc)
+        self.producer = self._make_producer()
+        pending = list(self.index.outbox())
+        log.warning("token changes: %s; a new producer re-sends the %d changes of the outbox",
+                    why, len(pending))
+        t = int(time.time() * 1000)
+        for key, value in pending:
+            clients.produce_blocking(self.producer, self.topic, value,
+                                     key=changes.decode(value).node.encode(),
+                                     on_delivery=functools.partial(self._on_delivery, None, t))
+        self._unacked = [k for k, _ in pending]

@@ -383,3 +383,47 @@ def test_spent_idle_nodes_expire_with_their_index_entries_and_come_back_with_the
     finally:
         loop.close()
         store.close()
+
+
+def test_token_changes_survive_a_broker_that_comes_back_without_its_state(tmp_path, tiny_world,
+                                                                          monkeypatch):
+    """The broker killed while changes are on their way and started again empty (the
+    embedded broker keeps nothing): the refresh loop never stops; past the acknowledgement
+    deadline a new producer sends the outbox again, and once the broker answers every change
+    is acknowledged and delivered."""
+    import os
+    import signal
+
+    from hirflow.streams import token_outbox
+    from hirflow.streams.broker import EmbeddedBroker
+    from hirflow.streams.metrics import OUTBOX_RESENDS
+    from hirflow.streams.topics import Topics, ensure_topics
+    from tests.conftest import make_config
+    monkeypatch.setattr(token_outbox, "ACK_DEADLINE_S", 1.0)
+    b = EmbeddedBroker().start()
+    cfg = make_config(tmp_path, bootstrap=b.bootstrap, partitions=1)
+    ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
+    store, writer, loop = loop_over(cfg, tiny_world[:300])
+    try:
+        settle(loop)
+        resends = OUTBOX_RESENDS._value.get()
+        os.killpg(b.proc.pid, signal.SIGKILL)
+        b.proc.wait()
+        for i in range(3):
+            writer.entities.upsert(Entity(f"ad:x{i}", 1, f"new product {i}", None, None))
+            writer.entities.set_knowledge(f"ad:x{i}", np.full(384, i + 1.0, np.float32))
+        writer.entities.commit({})
+        for _ in range(4):
+            loop.run_once()                     # changes into the outbox, no acks: no stop
+        assert list(loop.index.outbox()) and OUTBOX_RESENDS._value.get() > resends
+        b.start()
+        ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
+        settle(loop, seconds=60)
+        assert not list(loop.index.outbox())
+        with Subscriber(cfg, group_id="t-back") as sub:
+            got = _collect(sub, lambda g: {f"ad:x{i}" for i in range(3)} <= {c.node for c in g})
+        assert {f"ad:x{i}" for i in range(3)} <= {c.node for c in got}
+    finally:
+        loop.close()
+        store.close()
+        b.stop()
