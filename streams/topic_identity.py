@@ -64,8 +64,10 @@ def check_topic_identity(store: GraphStore, cfg: KafkaConfig, names: Iterable[st
             raise IncompatibleStoreError(
                 f"topic {name} is not the topic this state was built from (id {tid}, the store "
                 f"has {known[name]}): it was deleted and created again, or this is another "
-                f"cluster, so the stored offsets do not apply. Start this worker on empty "
-                f"state to rebuild from the topic as it is, or point it at the original.")
+                f"cluster (the embedded `hirflow broker` keeps topics in memory: a restart "
+                f"starts it empty), so the stored offsets do not apply. Start this worker on "
+                f"empty state (remove graph.path) to rebuild from the topic as it is, or point "
+                f"it at the original.")
     new = {n: t for n, t in now.items() if n not in known}
     if new:
         store.set_topic_ids(new)
