@@ -196,7 +196,7 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
         d = model.cfg.d_emb
         # each part of the served vector alone: what it adds (diagnostics, not baselines)
         parts = {"hirflow_encoder": u[:, :d] @ v[:, :d].T}
-        if block is not None:
+        if block is not None and block.user_norm != 0:      # 0: the encoder alone is served
             parts["hirflow_block"] = u[:, d:] @ v[:, d:].T
         per_user[name] = {}
         metrics[name] = compare(scores, test_task, val_task, baselines if val_task.n_eval else (), ks,
