@@ -53,6 +53,8 @@ def group_sums(key: np.ndarray, w: np.ndarray, t: np.ndarray, rate: np.ndarray):
     """Per distinct `key`, the sum of its (w, t) terms: t_ref = the latest t, w = the sum of
     each w decayed onto it (`add` over a whole group at once).
     -> (keys, first index of each key's group in `key`, w, t_ref)."""
+    if len(key) == 0:
+        return key[:0], np.zeros(0, np.int64), np.zeros(0, np.float64), t[:0]
     order = np.argsort(key, kind="stable")
     k = key[order]
     start = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])

@@ -204,3 +204,13 @@ def test_the_write_back_cache_holds_its_edge_bound_and_counts_exactly(tmp_path):
                 w.commit()
             assert wa._edges_cached == sum(len(s.edges) for s in wa._cache.values()) <= 400
         assert digest(a) == digest(b)
+
+
+def test_a_batch_of_nothing_applies_nothing(tmp_path):
+    """A consume call whose records were all skipped or dead-lettered hands the writer an
+    empty batch (a restarted worker re-reading what it had applied)."""
+    with GraphStore(tmp_path, S, 4) as store:
+        w = GraphWriter(store, GraphConfig(path=str(tmp_path)))
+        assert w.apply_batch([]) == set()
+        w.commit()
+        assert not list(store.reader.node_ids())
