@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.request
 from pathlib import Path
 
 from hirflow.streams import clients
@@ -50,7 +49,7 @@ def test_the_readme_records_and_queries_work_before_the_first_checkpoint(cfg, tm
     engagement = next(r for r in records if "src" in r)
     entity = next(r for r in records if "node" in r and "text" in r)
     now = int(time.time() * 1000)
-    user, item = engagement["src"], engagement["dst"]
+    user = engagement["src"]
     # the README's record, and a few users who share its item and engaged others
     evs = [dict(engagement, ts=now - 60_000)]
     for i in range(3):
@@ -72,12 +71,13 @@ def test_the_readme_records_and_queries_work_before_the_first_checkpoint(cfg, tm
         for path in (retrieve, similar):
             mine = path.replace("user:u512", user)
             deadline = time.monotonic() + 60
-            while True:
-                with urllib.request.urlopen(w.url(mine), timeout=5) as r:
-                    got = json.loads(r.read())
+            while True:                      # 503 until the worker has caught up and serves
+                status, body = w.get(mine)
+                got = json.loads(body) if status == 200 else {}
                 if got.get("results") or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
+            assert status == 200, f"{mine}: {status} {body[:200]!r}"
             want = top_level_keys(shown[path])
             assert want <= set(got), f"{mine}: the README shows {sorted(want - set(got))} too"
             assert got["results"], f"{mine} answered nothing"
