@@ -82,3 +82,28 @@ def test_endpoint_flags_mark_the_first_change_of_each_touched_pair():
     touched = set(touched_keys(Engagement("user:1", "ad:1", "click", T0))) | set(touched_keys(Entity("ad:2", T0)))
     keys = [("user:1", T0), ("ad:9", T0), ("user:1", T0), ("ad:1", T0), ("ad:2", T0)]
     assert endpoint_flags(keys, touched).tolist() == [True, False, False, True, True]
+
+
+def test_after_the_stream_the_demo_waits_for_the_first_checkpoint_to_serve(monkeypatch, capsys):
+    """The stream ended with the first checkpoint still training: the demo waits until it is
+    announced and swapped in (then the summary shows what it learned), or gives up when the
+    training fails."""
+    from types import SimpleNamespace
+
+    from hirflow.streams import demo
+    models = iter(["cold-start", "cold-start", "cold-start (swapping 3/~9)", "ckpt-a", "ckpt-a"])
+    monkeypatch.setattr(demo, "_model", lambda api: next(models))
+    monkeypatch.setattr(demo.time, "sleep", lambda s: None)
+    first = SimpleNamespace(announced=None, running=True, status="training", poll=lambda: None)
+
+    def poll():
+        first.announced = (0.0, "ckpt-a")
+    first.poll = poll
+    demo._await_first(first, "http://w")
+    assert "waiting for it" in capsys.readouterr().out
+    assert next(models) == "ckpt-a"                  # it stopped asking once ckpt-a served
+    failed = SimpleNamespace(announced=None, running=False, status="training failed: x",
+                             poll=lambda: None)
+    monkeypatch.setattr(demo, "_model", lambda api: "cold-start")
+    demo._await_first(failed, "http://w")
+    assert "training failed: x" in capsys.readouterr().out
