@@ -66,6 +66,11 @@ class TokenOutbox:
         if not items:
             return
         self.confirm()
+        self._send(items, fresh)
+
+    def _send(self, items: list[tuple[bytes, bytes, changes.TokenChange | None]],
+              fresh: bool) -> None:
+        """Produce (outbox key, value, change or None), keyed by node; acks checked later."""
         t = int(time.time() * 1000)
         for key, value, c in items:
             node = (c or changes.decode(value)).node
@@ -119,9 +124,5 @@ class TokenOutbox:
         pending = list(self.index.outbox())
         log.warning("token changes: %s; a new producer re-sends the %d changes of the outbox",
                     why, len(pending))
-        t = int(time.time() * 1000)
-        for key, value in pending:
-            clients.produce_blocking(self.producer, self.topic, value,
-                                     key=changes.decode(value).node.encode(),
-                                     on_delivery=functools.partial(self._on_delivery, None, t))
-        self._unacked = [k for k, _ in pending]
+        self._unacked = []
+        self._send([(k, v, None) for k, v in pending], fresh=False)
