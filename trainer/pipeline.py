@@ -15,6 +15,7 @@ only after that write.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import queue
 import threading
@@ -110,7 +111,8 @@ class BatchPipeline:
         self.teacher_anchors = teacher_anchors
         self.sampled_negatives = sampled_negatives
         self.chunk_prefix = chunk_prefix
-        self._by_src: dict[int, dict[str, list[int]]] = {}    # chunk -> source -> its events
+        # chunk -> source -> (times, event indices) of its events in the chunk, in time order
+        self._by_src: dict[int, dict[str, tuple[list[int], list[int]]]] = {}
         self.item_types = set(schema.item_node_types)
         self.items: list[str] = []                    # items seen so far (sampled negatives)
         self.store = GraphStore(store_dir, schema, 1)
@@ -124,9 +126,11 @@ class BatchPipeline:
         self._dst_share: dict[int, dict[str, float]] = {}
         for k, steps in enumerate(plan):
             if len(steps) > 1 and chunk_prefix:
-                by_src: dict[str, list[int]] = {}
+                by_src: dict[str, tuple[list[int], list[int]]] = {}
                 for i in sorted(steps[0], key=lambda i: (events[i].ts, i)):
-                    by_src.setdefault(events[i].src, []).append(int(i))
+                    ts, ids = by_src.setdefault(events[i].src, ([], []))
+                    ts.append(events[i].ts)
+                    ids.append(int(i))
                 self._by_src[k] = by_src
             if len(steps) > 1:
                 counts: dict[str, int] = {}
@@ -220,7 +224,9 @@ class BatchPipeline:
         want: dict[tuple[str, tuple[int, ...]], int] = {}
         rows = []
         for e in batch:
-            earlier = [i for i in by_src.get(e.src, ()) if self.events[i].ts < e.ts][-self.chunk_prefix:]
+            ts, ids = by_src.get(e.src, ((), ()))
+            j = bisect.bisect_left(ts, e.ts)                  # its events strictly before e
+            earlier = ids[max(0, j - self.chunk_prefix):j]
             if not earlier:
                 rows.append(pos[e.src])
                 continue
