@@ -29,6 +29,12 @@ QUERY, KEY = "collab.query", "collab.key"     # its (I, rank) matrices in weight
 
 DAY_MS = 86_400_000
 
+# the block's weight against the encoder (a checkpoint's `collaborative.weight`) at the two
+# ends: the block alone (the encoder's part only breaks ties, and ranks users and items the
+# block does not know) and the encoder alone (the block's coordinates are zeros)
+BLOCK_ALONE = 1000.0
+ENCODER_ALONE = 0.0
+
 
 @dataclass
 class CollaborativeBlock:

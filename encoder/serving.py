@@ -55,8 +55,9 @@ def quality_of(manifest: Mapping) -> dict:
     the served vector, which parts it serves, and whether its encoder collapsed."""
     hold = (manifest.get("collaborative") or {}).get("holdout") or {}
     weight = hold.get("weight")
-    parts = ("encoder" if weight == 0 else "collaborative block" if weight is not None and weight >= 1000
-             else "encoder and collaborative block" if weight is not None else "encoder")
+    parts = ("encoder" if weight is None or weight == collaborative.ENCODER_ALONE
+             else "collaborative block" if weight >= collaborative.BLOCK_ALONE
+             else "encoder and collaborative block")
     recall = (hold.get("weight_recall@20") or {}).get(str(weight))
     return {"checkpoint": manifest.get("id"), "serves": parts, "holdout_recall@20": recall,
             "holdout_users": hold.get("judged_users"), "why": hold.get("why"),

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from hirflow.encoder import collaborative as C
+from hirflow.encoder.collaborative import BLOCK_ALONE
 from hirflow.encoder.model import HierarchicalEncoder
 from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig, node_type
@@ -34,7 +35,7 @@ from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.trainer.block_fit import fit, scaled
 from hirflow.trainer.embedding import block_rows, embed, state_of
 from hirflow.trainer.evaluate import positive_actions
-from hirflow.trainer.holdout import BLOCK_ALONE, Holdout, choose_parts, weights_tried
+from hirflow.trainer.holdout import Holdout, choose_parts, weights_tried
 from hirflow.trainer.interactions import Interactions
 from hirflow.trainer.item_item import taus_json, taus_label
 from hirflow.trainer.next_period import NextPeriod

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from hirflow.encoder.collaborative import recency_weighted, taus_of, user_rows
+from hirflow.encoder.collaborative import BLOCK_ALONE, ENCODER_ALONE, recency_weighted, taus_of, user_rows
 from hirflow.trainer.interactions import Interactions
 from hirflow.trainer.item_item import block_weights, blend, reduced_rank, score_rms, users_gram
 from hirflow.trainer.next_period import NextPeriod, binary, first_engagements, next_period_weights
@@ -237,13 +237,6 @@ def clear_lead(better: np.ndarray, base: np.ndarray) -> bool:
     if len(d) < 2:
         return False
     return float(d.mean()) > float(np.std(d, ddof=1)) / np.sqrt(len(d))
-
-
-BLOCK_ALONE = 1000.0     # the block's weight when it is served alone: the encoder's part
-                         # only breaks ties (and ranks users and items the block does not know)
-
-
-ENCODER_ALONE = 0.0
 
 
 def weights_tried(grid: Sequence[float]) -> tuple[float, ...]:

@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 from hirflow.encoder import collaborative as C
 from hirflow.trainer import block_fit
 from hirflow.trainer.block_config import CollaborativeConfig
-from hirflow.trainer.holdout import BLOCK_ALONE, ENCODER_ALONE, Holdout, choose_parts, clear_lead, weights_tried
+from hirflow.encoder.collaborative import BLOCK_ALONE, ENCODER_ALONE
+from hirflow.trainer.holdout import Holdout, choose_parts, clear_lead, weights_tried
 from hirflow.trainer.interactions import Interactions
 from hirflow.trainer.item_item import ease_scales, ease_weights, fit_weighted, reduced_rank
 from hirflow.trainer.next_period import binary
