@@ -16,6 +16,7 @@ from hirflow.trainer.item_item import block_weights, reduced_rank, taus_json
 from hirflow.trainer.next_period import NextPeriod, binary
 from hirflow.trainer.propagation import Propagation
 
+
 def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
         query_types: Sequence[str], settings: Mapping | None = None,
         unit_users: bool = True, recency_days: float | Sequence[float] = 0.0,
