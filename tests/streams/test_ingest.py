@@ -290,7 +290,6 @@ def test_the_ingest_loop_runs_the_retention_sweep(cfg, tmp_path):
 def test_the_tail_of_a_dead_letter_burst_is_reported(caplog):
     """A burst logs one line a second; what the last line did not cover is reported once
     the second has passed, not only when the next bad record comes."""
-    import time
     from types import SimpleNamespace
     from hirflow.streams.deadletter import DeadLetters
 
