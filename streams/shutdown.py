@@ -10,6 +10,7 @@ been committed or produced. The chart's grace period (60 s) leaves room for it.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -35,6 +36,22 @@ def arm(grace_s: float = GRACE_S) -> threading.Timer:
     return timer
 
 
+def quiet_thread_stops() -> None:
+    """While the worker stops, a client thread ended by cancellation (faust's consumer thread
+    whose fetches the broker's absence left pending) is one line in the log, not a traceback
+    on stderr: it is how a stop looks without a broker, not a fault. Any other exception in a
+    thread still reaches the previous hook in full."""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is not None and issubclass(args.exc_type, asyncio.CancelledError):
+            name = args.thread.name if args.thread is not None else "?"
+            log.info("thread %s: its pending work was cancelled by the stop", name)
+            return
+        previous(args)
+    threading.excepthook = hook
+
+
 class BoundedWorker(faust.Worker):
     """faust's worker whose stop on a signal has a deadline (`arm`)."""
 
@@ -43,4 +60,5 @@ class BoundedWorker(faust.Worker):
     def _schedule_shutdown(self, signal) -> None:
         if self._deadline is None:
             self._deadline = arm()
+            quiet_thread_stops()
         super()._schedule_shutdown(signal)

@@ -92,7 +92,7 @@ class Holdout:
 
     def recall(self, scores: np.ndarray) -> float:
         """Recall@20 of (judged, items) `scores`, items the user had engaged masked."""
-        return float(self.per_user(scores).mean())
+        return mean_of(self.per_user(scores))
 
     def per_user(self, scores: np.ndarray) -> np.ndarray:
         """Each judged user's Recall@20 of `scores`."""
@@ -151,7 +151,7 @@ class Holdout:
         spreads = score_rms(b, gram, self.before.shape), score_rms(extra, gram, self.before.shape)
         queries = self.queries(recency_days)
         per_user = {w: self.per_user(np.asarray(queries @ blend(b, extra, spreads, w))) for w in grid}
-        tried = {w: float(r.mean()) for w, r in per_user.items()}
+        tried = {w: mean_of(r) for w, r in per_user.items()}
         best = max(tried, key=tried.get)
         lightest = min(grid)
         if not clear_lead(per_user[best], per_user[lightest]):
@@ -197,7 +197,7 @@ class Holdout:
         for r in sorted(per_user)[1:]:
             if clear_lead(per_user[r], per_user[chosen]):
                 chosen = r
-        return chosen, {r: float(v.mean()) for r, v in per_user.items()}
+        return chosen, {r: mean_of(v) for r, v in per_user.items()}
 
     def weight_curve(self, encoder_scores: np.ndarray, lam: float, rank: int,
                      grid: Sequence[float], unit_users: bool = True,
@@ -228,6 +228,11 @@ def session_prefix(rows: np.ndarray, t: np.ndarray, early: np.ndarray, inside: n
     half = np.repeat(counts // 2, counts)
     out[order[rank < half]] = True
     return out
+
+
+def mean_of(per_user: np.ndarray) -> float:
+    """The mean of users' figures; 0 when no user is judged (a window without one)."""
+    return float(per_user.mean()) if len(per_user) else 0.0
 
 
 def clear_lead(better: np.ndarray, base: np.ndarray) -> bool:
