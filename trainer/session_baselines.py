@@ -15,7 +15,7 @@
   1 / steps back + 1), optionally by their inverse document frequency, and a dot product
   as the similarity;
 - ``ease``: EASE^R (Steck 2019) fitted on training sessions as rows, scoring the prefix's
-  items (binary).
+  items (binary); on the most clicked `MAX_DENSE_ITEMS` items when the catalogue is larger.
 
 Training sessions are the query nodes' engagements before the window (`History.before`).
 Each baseline has a small grid searched on the validation window only (`tune`). numpy and
@@ -29,6 +29,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from hirflow.trainer.baselines import MAX_DENSE_ITEMS
 from hirflow.trainer.item_item import ease_weights
 from hirflow.trainer.next_click import NextClickTask, hit_and_rr, ranks
 
@@ -144,10 +145,20 @@ def vsknn(s: Sessions, n_items: int, k: int, sample: int, weighting: str, idf: b
 
 
 def ease(s: Sessions, n_items: int, lam: float) -> Scores:
-    b = ease_weights(s.matrix, lam)
+    """EASE^R on the `MAX_DENSE_ITEMS` most clicked items (its dense item-item matrix), the
+    other items ranked after them by popularity, as `trainer.baselines` runs it."""
+    clicked = np.asarray(s.matrix.sum(0)).ravel()
+    head = np.sort(np.argsort(-clicked, kind="stable")[:MAX_DENSE_ITEMS])
+    b = ease_weights(s.matrix[:, head], lam)
+    at = np.full(n_items, -1)
+    at[head] = np.arange(len(head))
+    tail = clicked / (clicked.max() + 1.0) - 1e6             # below any head score
 
     def scores(prefix: np.ndarray, t: int) -> np.ndarray:
-        return b[np.unique(prefix)].sum(0)
+        out = tail.copy()
+        rows = at[np.unique(prefix)]
+        out[head] = b[rows[rows >= 0]].sum(0)
+        return out
     return scores
 
 

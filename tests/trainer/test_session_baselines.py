@@ -74,3 +74,13 @@ def test_tune_picks_the_validation_best_and_scores_every_query():
     assert [p for p, _ in tried] == [{"steps": 1}, {"steps": 3}] and hit == max(h for _, h in tried)
     r = SB.score_on(b, params, task)
     assert len(r) == len(task) and (r >= 1).all() and (r <= len(task.items)).all()
+
+
+def test_ease_on_a_large_catalogue_fits_its_head_and_ranks_the_rest_after_it(monkeypatch):
+    monkeypatch.setattr(SB, "MAX_DENSE_ITEMS", 3)
+    task = task_with([(10, [1, 2, 3])])
+    s = SB.Sessions.of(task)
+    scores = SB.ease(s, len(task.items), lam=1.0)(task.prefix(1), int(task.t[1]))
+    clicked = np.asarray(s.matrix.sum(0)).ravel()
+    head = set(np.argsort(-clicked, kind="stable")[:3].tolist())
+    assert min(scores[i] for i in head) > max(scores[i] for i in range(len(scores)) if i not in head)
