@@ -150,8 +150,9 @@ def plot(figures: dict, path: Path) -> None:
         x = np.arange(len(labels))
         ax.errorbar(x, [h["mean"] for h in hit], fmt="o-", label="hirflow served vector",
                     yerr=[[h["mean"] - h["ci95"][0] for h in hit], [h["ci95"][1] - h["mean"] for h in hit]])
-        for b, style in zip([k for k in m if not k.startswith("hirflow@")], ["--", ":", "-.", "--", ":", "-."]):
-            ax.axhline(m[b]["hit@20"]["mean"], linestyle=style, linewidth=1, label=f"{b} (fresh)")
+        for k, b in enumerate(n for n in m if not n.startswith("hirflow@")):
+            ax.axhline(m[b]["hit@20"]["mean"], linestyle="--", linewidth=1, color=f"C{k + 1}",
+                       label=f"{b} (fresh)")
         ax.set_xticks(x, labels)
         ax.set_xlabel("staleness of the served vector")
         ax.set_ylabel("next-click HitRate@20")
