@@ -17,9 +17,7 @@ HitRate@K and MRR@K with intervals over nodes).
 """
 from __future__ import annotations
 
-import tempfile
 from collections import defaultdict
-from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -27,11 +25,8 @@ import numpy as np
 from hirflow.encoder.collaborative import CollaborativeBlock
 from hirflow.encoder.model import HierarchicalEncoder
 from hirflow.state.events import Engagement
-from hirflow.state.graph import GraphConfig, GraphStore
 from hirflow.state.schema import SchemaConfig
-from hirflow.state.views import STUDENT, ViewSampler
-from hirflow.state.writer import BOTH_SIDES, GraphWriter
-from hirflow.trainer.embedding import served_embeddings
+from hirflow.trainer.embedding import served_embeddings, state_of
 from hirflow.trainer.next_click import NextClickTask, ranks
 
 SECOND = 1000
@@ -83,24 +78,15 @@ def session_freshness(model: HierarchicalEncoder, block: CollaborativeBlock | No
         for q, c in enumerate(times):
             wanted[int(c)].add(task.history.nodes[task.node[q]])
     codes = schema.action_codes()
-    with tempfile.TemporaryDirectory(prefix="hirflow-session-fresh-") as tmp:
-        store = GraphStore(Path(tmp) / "s", schema, 1)
-        try:
-            writer = GraphWriter(store, GraphConfig(path=str(Path(tmp) / "s")))
-            for i in range(0, len(events), 20_000):
-                writer.apply_batch([(e, BOTH_SIDES) for e in events[i:i + 20_000]])
-                writer.commit()
-            sampler = ViewSampler(store.reader, schema, STUDENT, seed=0)
-            items = served_embeddings(model, block, sampler, task.items, task.lo - 1, texts, codes)
-            vec: dict[tuple[str, int], np.ndarray] = {}
-            for i, (cutoff, nodes) in enumerate(sorted(wanted.items())):
-                nodes = sorted(nodes)
-                for n, v in zip(nodes, served_embeddings(model, block, sampler, nodes, cutoff, texts, codes)):
-                    vec[(n, cutoff)] = v
-                if progress is not None and (i % 500 == 0 or i == len(wanted) - 1):
-                    progress(i + 1, len(wanted))
-        finally:
-            store.close()
+    with state_of(events, schema) as sampler:
+        items = served_embeddings(model, block, sampler, task.items, task.lo - 1, texts, codes)
+        vec: dict[tuple[str, int], np.ndarray] = {}
+        for i, (cutoff, nodes) in enumerate(sorted(wanted.items())):
+            nodes = sorted(nodes)
+            for n, v in zip(nodes, served_embeddings(model, block, sampler, nodes, cutoff, texts, codes)):
+                vec[(n, cutoff)] = v
+            if progress is not None and (i % 500 == 0 or i == len(wanted) - 1):
+                progress(i + 1, len(wanted))
     out = {}
     for name, times in at.items():
         out[name] = np.array([ranks(items @ vec[(task.history.nodes[task.node[q]], int(c))],
