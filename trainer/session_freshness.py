@@ -3,8 +3,9 @@
 query, for s from 0 (refreshed after every engagement before the query) to "never"
 (the vector as of the checkpoint's training cutoff).
 
-A worker re-encodes a node when it engages (`streams.refresh`), so the vector a node is
-served `s` after time x is the one computed at its last engagement at or before t - s: here
+A worker re-encodes a node when it engages (`streams.refresh`), so the vector served at a
+query's time t with staleness s is the one computed at the node's last engagement at or
+before t - s: here
 the served vector (`trainer.embedding.served_embeddings`: the worker's view sampler,
 encoder and collaborative block, one checkpoint throughout) of the node as of that
 engagement's time, from a graph store holding every event (views honour their cutoff, so
