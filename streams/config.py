@@ -164,8 +164,10 @@ class TrainSection:
                                         # choose that weight (1: the last alone)
     collaborative_recency_days: float | None = None   # tau of the recency weights of a
                                         # user's items in its block, in days (0: all alike;
-                                        # unset: the mean of the weights at 0 to 16 times the
-                                        # length of the training window's last 10 %)
+                                        # unset: chosen on the training window's last 10 %:
+                                        # the mean of the weights at 0 to 16 times its length,
+                                        # or on a clear lead one tau of 1, 4 or 16 times the
+                                        # median time between a user's engagements)
     collaborative_fit_days: float | None = None   # tau of the pairs' recency weights in
                                         # EASE^R's fit, in days (0: all alike; unset: fitted
                                         # at 1 to 16 times that length, the fits summed)

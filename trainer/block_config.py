@@ -32,12 +32,17 @@ class CollaborativeConfig:
     unit_users: bool = True          # a user's block set to a fixed length (False: the plain
                                      # sum, whose share grows with the user's history)
     recency_days: float | None = None    # tau of a user's item weights in days (0: all alike;
-                                         # None: the mean of the weights at `recency_windows`)
-    recency_windows: tuple[float, ...] = (0.0, 2.0, 4.0, 8.0, 16.0)   # taus in holdout windows:
-                                     # a data set's clock is its own (a day of sessions, a
-                                     # shop's season, a decade of ratings), so the scales are
-                                     # multiples of the last holdout window's length (Online
-                                     # Retail's: 16 days)
+                                         # None: the holdout's choice among `recency_taus`)
+    recency_windows: tuple[float, ...] = (0.0, 2.0, 4.0, 8.0, 16.0)   # taus in holdout windows,
+                                     # their weights averaged: a data set's clock is its own
+                                     # (a day of sessions, a shop's season, a decade of
+                                     # ratings), so the scales are multiples of the last
+                                     # holdout window's length (Online Retail's: 16 days)
+    recency_gaps: tuple[float, ...] = (1.0, 4.0, 16.0)   # single taus in multiples of the
+                                     # median time between a user's successive engagements
+                                     # (a click session's: a minute), each chosen over the
+                                     # windows' mixture only on a clear lead: where intent
+                                     # lives for minutes, the last engagements say most
     fit_days: float | None = None    # tau of the pairs' weights in EASE^R's fit in days (0:
                                      # binary; None: the holdout's choice of the binary fit and
                                      # the fits at every tau of `fit_windows` summed, each at
@@ -70,6 +75,7 @@ class CollaborativeConfig:
                 or not self.weight_grid or min(self.weight_grid) < 0 \
                 or (self.recency_days is not None and self.recency_days < 0) \
                 or not self.recency_windows or min(self.recency_windows) < 0 \
+                or min(self.recency_gaps, default=1.0) <= 0 \
                 or (self.fit_days is not None and self.fit_days < 0) \
                 or not self.fit_windows or min(self.fit_windows) < 0 \
                 or self.next_periods < 0 or self.next_l2 <= 0 \
@@ -84,7 +90,7 @@ class CollaborativeConfig:
                              "max_holdout_share in (0, 1), non-empty l2_grid (> 0) and "
                              "weight_grid (>= 0), "
                              "recency_days and fit_days >= 0 or None, non-empty recency_windows "
-                             "and fit_windows (>= 0), next_periods >= 0, next_l2 > 0, "
+                             "and fit_windows (>= 0), recency_gaps > 0, next_periods >= 0, next_l2 > 0, "
                              "next_weight >= 0 or None, non-empty next_grid (>= 0), "
                              "propagation_layers >= 0, propagation_weight >= 0 or None, "
                              "non-empty propagation_grid (>= 0)")
@@ -122,9 +128,14 @@ class CollaborativeConfig:
             return (self.fit_days,)
         return (tuple(round(m * window_days, 3) for m in self.fit_windows), 0.0)
 
-    def recency_taus(self, window_days: float) -> float | tuple[float, ...]:
-        """A user's item weights: a tau in days, or the taus (`recency_windows` x the holdout
-        window's length) whose weights are averaged (`recency_weighted`)."""
+    def recency_taus(self, window_days: float, gap_days: float = 0.0
+                     ) -> tuple[float | tuple[float, ...], ...]:
+        """A user's item weights the holdout chooses among, the default first: the taus
+        (`recency_windows` x the holdout window's length) whose weights are averaged
+        (`recency_weighted`), then one tau per `recency_gaps` x `gap_days` (the median time
+        between a user's successive engagements; none when 0); a configured tau alone."""
         if self.recency_days is not None:
-            return self.recency_days
-        return tuple(round(m * window_days, 3) for m in self.recency_windows)
+            return (self.recency_days,)
+        mixture = tuple(round(m * window_days, 3) for m in self.recency_windows)
+        gaps = tuple(m * gap_days for m in self.recency_gaps) if gap_days > 0 else ()
+        return (mixture, *gaps)

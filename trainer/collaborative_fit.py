@@ -7,8 +7,11 @@ are added until they judge `min_holdout_users` users with a history (a quiet dat
 tenth may hold a few dozen). Only users with a history are judged (an empty block is the
 same at every setting); with `SchemaConfig.session_users`, a session first seen in a window
 is judged on its later half there given its earlier half. On the last window, by the block
-alone: EASE^R's lambda with its fit (recency scales summed, or binary), the next-period and graph-propagation weights (above 0 only on a clear lead) and the rank
-(wider only on a clear lead). The trainer visits chunks in time order, so when it reaches a
+alone: EASE^R's lambda with its fit (recency scales summed, or binary), the users' item
+weights (the mean of season-long recency scales, or one scale of the data's own tempo, the
+median time between a user's engagements, on a clear lead), the next-period and
+graph-propagation weights (above 0 only on a clear lead) and the rank (wider only on a clear
+lead). The trainer visits chunks in time order, so when it reaches a
 window's first chunk the student has seen nothing from it: `choose` embeds the window's users
 and the items as of that chunk's start and scores each part alone and their mixes; the
 served weight (`holdout.choose_parts`) never serves an encoder below popularity, and
@@ -61,8 +64,10 @@ class CollaborativeFit:
         # the next-period regression's periods are as long as the last holdout window
         span = self.data.last_time + 1 - self.starts[-1] if self.starts else 0
         self.next_base = NextPeriod(cfg.next_periods, int(span), cfg.next_l2, 0.0)
-        # recency scales are multiples of this window's length: each data set's own clock
+        # recency scales are multiples of this window's length, or of the median time
+        # between a user's engagements: each data set's own clock
         self.window_days = max(span / C.DAY_MS, 1e-3)
+        self.gap_days = self.data.median_gap() / C.DAY_MS
         self.windows: list[dict] = []        # each window reached: its weight curve (JSON)
         self.choice: dict | None = None      # what the holdout chose (JSON: kept in snapshots)
 
@@ -140,7 +145,8 @@ class CollaborativeFit:
         """On one window: lambda with the fit, the users' item weights, and each judged user's
         Recall@20 per weight of the grid (none when the weight is configured)."""
         lam, fit_days, l2_tried = h.choose_fit(self.cfg.l2_grid, self.cfg.fits(self.window_days))
-        days = self.cfg.recency_taus(self.window_days)
+        days, recency_tried = h.choose_recency(lam, fit_days,
+                                               self.cfg.recency_taus(self.window_days, self.gap_days))
         next_weight, next_tried = h.choose_next(lam, fit_days, days, self.next_base,
                                                 self.cfg.next_weights())
         prop_weight, prop_tried = h.choose_propagation(lam, fit_days, days, self.cfg.propagation_layers,
@@ -169,6 +175,7 @@ class CollaborativeFit:
                 # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
                 "l2_recall@20": {f"{k[0]:g}/{taus_label(k[1])}": round(v, 5) for k, v in l2_tried.items()},
                 "next_recall@20": {f"{k:g}": round(v, 5) for k, v in next_tried.items()},
+                "recency_recall@20": {taus_label(k): round(v, 5) for k, v in recency_tried.items()},
                 "per_user_recall@20": per_user}
 
     def _decide(self, last: dict) -> dict:
@@ -186,7 +193,7 @@ class CollaborativeFit:
             if popularity is not None:
                 tried["popularity"] = float(np.mean(popularity))
         choice = {k: last.get(k) for k in ("at", "usable", "l2", "fit_days", "recency_days",
-                                           "l2_recall@20", "next_weight", "next_recall@20",
+                                           "l2_recall@20", "next_weight", "next_recall@20", "recency_recall@20",
                                            "propagation_weight", "propagation_recall@20",
                                            "rank", "rank_recall@20")}
         choice.update({"weight": weight, "why": why, "holdout_users": last["users"],
@@ -225,7 +232,7 @@ class CollaborativeFit:
             log.warning("collaborative block: no holdout chunk to choose its weight on; weight %g", weight)
             choice = {"l2": lam, "weight": weight, "usable": False, "why": "no usable holdout",
                       "fit_days": taus_json(fit_days),
-                      "recency_days": taus_json(self.cfg.recency_taus(self.window_days)),
+                      "recency_days": taus_json(self.cfg.recency_taus(self.window_days)[0]),
                       "rank": min(self.cfg.ranks()),
                       "next_weight": self.cfg.next_weights()[0],
                       "propagation_weight": self.cfg.propagation_weights()[0]}

@@ -77,5 +77,15 @@ class Interactions:
     def last_time(self) -> int:
         return int(self.times[-1]) if len(self.times) else 0
 
+    def median_gap(self) -> float:
+        """The median time (ms) between a user's successive engagements, any item, those at
+        the same instant counted once: the data set's own tempo (a click session's is a
+        minute, a shop's customer's weeks); 0 when no user engaged at two instants."""
+        order = np.lexsort((self.times, self.rows))
+        rows, times = self.rows[order], self.times[order]
+        gaps = np.diff(times)[rows[1:] == rows[:-1]]
+        gaps = gaps[gaps > 0]
+        return float(np.median(gaps)) if len(gaps) else 0.0
+
     def quantile_time(self, share: float) -> int:
         return int(self.times[min(len(self.times) - 1, int(len(self.times) * share))])

@@ -211,9 +211,11 @@ def test_recency_scales_are_multiples_of_the_holdout_window_unless_fixed():
     day of sessions; a fixed tau is that tau; the ranks offered follow the config."""
     c = CollaborativeConfig()
     assert c.fits(16.0) == (tuple(16.0 * m for m in c.fit_windows), 0.0)
-    assert c.recency_taus(0.5) == tuple(0.5 * m for m in c.recency_windows)
+    mixture = tuple(0.5 * m for m in c.recency_windows)
+    assert c.recency_taus(0.5) == (mixture,)
+    assert c.recency_taus(0.5, 0.01) == (mixture, *(0.01 * m for m in c.recency_gaps))
     assert CollaborativeConfig(fit_days=7.0).fits(16.0) == (7.0,)
-    assert CollaborativeConfig(recency_days=0.0).recency_taus(16.0) == 0.0
+    assert CollaborativeConfig(recency_days=0.0).recency_taus(16.0, 0.01) == (0.0,)
     assert c.ranks() == (128, 256, 512) and CollaborativeConfig(rank=64).ranks() == (64,)
     assert not CollaborativeConfig(rank=0).enabled
     with pytest.raises(ValueError, match="rank_grid"):
@@ -256,6 +258,54 @@ def test_the_holdout_weighs_recent_items_more_when_tastes_drift():
     b = h.ease(10.0)
     tried = {d: h.recall(np.asarray(h.queries(d) @ b)) for d in (0.0, 5.0)}
     assert tried[5.0] > tried[0.0] + 0.05, tried
+
+
+def switching_sessions(rng: np.random.Generator, sessions: int = 600, groups: int = 5,
+                       per_group: int = 40) -> list[tuple[str, str, int]]:
+    """Sessions a minute per click over 20 days: three clicks in one group of items, then
+    five in another, where the session stays: what it clicks last says where it goes."""
+    out = []
+    for s in range(sessions):
+        a = int(rng.integers(0, groups))
+        b = (a + 1 + int(rng.integers(0, groups - 1))) % groups
+        start = int(rng.integers(0, 20 * C.DAY_MS))
+        for k, g in enumerate((a, a, a, b, b, b, b, b)):
+            out.append((f"user:{s}", f"product:{g * per_group + int(rng.integers(0, per_group))}",
+                        start + k * 60_000 + int(rng.integers(0, 20_000))))
+    return sorted(out, key=lambda x: x[2])
+
+
+def test_the_holdout_weighs_a_sessions_last_clicks_at_its_own_tempo():
+    """Sessions whose intent moves within minutes: the median gap is about a minute, and a
+    tau of that tempo clearly beats the season-long mixture (which weighs a session's clicks
+    alike); on a shop whose users keep their taste the mixture stays."""
+    c = CollaborativeConfig()
+    data = Interactions.of(switching_sessions(np.random.default_rng(5)), ("user",), ("product",), 300)
+    gap = data.median_gap()
+    assert 40_000 < gap < 80_000, gap
+    h = Holdout.at_time(data, data.quantile_time(0.8), sessions=True)
+    candidates = c.recency_taus(1.0, gap / C.DAY_MS)
+    taus, tried = h.choose_recency(10.0, 0.0, candidates)
+    assert taus in candidates[1:] and tried[C.taus_of(taus)] > tried[C.taus_of(candidates[0])] + 0.05, tried
+    shop = Interactions.of(engagements(np.random.default_rng(6), users=400, per_user=8, groups=5,
+                                       per_group=40), ("user",), ("product",), 300)
+    h = Holdout.at_time(shop, shop.quantile_time(0.8))
+    candidates = c.recency_taus(1.0, shop.median_gap() / C.DAY_MS)
+    assert h.choose_recency(10.0, 0.0, candidates)[0] == candidates[0]
+    assert h.choose_recency(10.0, 0.0, (3.0,)) == (3.0, {})
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 50)), max_size=40))
+@settings(max_examples=60, deadline=None)
+def test_the_median_gap_is_between_a_users_successive_instants(pairs):
+    """The median over users of the gaps between each one's successive distinct engagement
+    times (any item; 0 without two instants), whatever order the engagements come in."""
+    data = Interactions.of([(f"user:{u}", f"product:{t % 3}", t * 1000) for u, t in pairs],
+                           ("user",), ("product",), 10)
+    gaps = [b - a for u in {u for u, _ in pairs}
+            for a, b in zip(sorted({t * 1000 for v, t in pairs if v == u}),
+                            sorted({t * 1000 for v, t in pairs if v == u})[1:])]
+    assert data.median_gap() == (float(np.median(gaps)) if gaps else 0.0)
 
 
 def test_nothing_to_fit_gives_no_block():
