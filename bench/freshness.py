@@ -25,9 +25,15 @@ per node 23 after 240,000 events, 32 after 480,000, 55 after 1.9 million), and t
 refreshed node grows with them at first; `--prefill` streams that many events first, as fast
 as the worker takes them, so the phases run on a grown graph rather than a young one.
 
+`--yoochoose DIR` replays real click sessions instead: the clicks before YOOCHOOSE's test
+day fill the graph first, then the warm-up and the phases replay the test day in its order
+(every session a new node, refreshed at each click) at each rate, faster and faster than its
+real pace of 0.16 clicks/s; the worker serves `--checkpoint`, a model of those sessions.
+
     python bench/freshness.py [--quick] [--rates 1000,2000,5000] [--seconds 120] [--checkpoint DIR]
                               [--cold-start] [--train-events 40000] [--train-steps 20]
                               [--warmup 30] [--linger-ms 20] [--partitions 1] [--prefill 0]
+                              [--yoochoose DIR]
 
 Writes var/bench/freshness.png and keeps the broker's and the worker's logs beside it
 (var/bench/freshness-broker.log, -worker.log); the last line printed is one JSON object of the
@@ -62,6 +68,7 @@ from hirflow.streams.synth import SynthConfig, SynthWorld  # noqa: E402
 from hirflow.streams.topics import Topics, ensure_topics  # noqa: E402
 from hirflow.streams.worker_process import WorkerProcess  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.005   # consumer poll timeout of the measuring clients (see `listen`)
 WORLD_SEED = 11  # the streamed world's; the model trained here learns a world of the same seed
 
@@ -223,6 +230,14 @@ def windowed_p99(event_ts: np.ndarray, lat: np.ndarray, window_s: float = WINDOW
     return [float(np.percentile(lat[w == i], 99)) for i in range(w.max() + 1) if (w == i).any()]
 
 
+def yoochoose_replay(folder: Path):
+    """YOOCHOOSE's clicks in time order (an iterator) and how many come before its test day
+    (session-rec's split): the history to prefill, then the day to replay."""
+    from bench.session_freshness import yoochoose_split
+    _, evs, test_start, _ = yoochoose_split(folder, False)
+    return iter(evs), sum(e.ts < test_start for e in evs)
+
+
 def _pct(x) -> list[float]:
     return list(np.percentile(x, [50, 95, 99])) if len(x) else [float("nan")] * 3
 
@@ -254,6 +269,13 @@ def main() -> None:
     ap.add_argument("--drain-s", type=float, default=None,
                     help="longest wait after each phase for the queued neighbour refreshes "
                          "(default 60; 3 quick): their changes count in the all-changes figures")
+    ap.add_argument("--yoochoose", type=Path, metavar="DIR",
+                    help="replay YOOCHOOSE (session-rec's 100k sample, train_full and test files) "
+                         "instead of a synthetic world: its clicks before the test day are the "
+                         "prefill, the phases replay the test day (every session a new node) at "
+                         "each rate; the worker runs configs/yoochoose.toml and serves "
+                         "--checkpoint, which must be fitted before the test day (bench/"
+                         "session_freshness.py --out DIR trains one)")
     ap.add_argument("--prefill", type=int, default=0,
                     help="events streamed as fast as the worker takes them before the warm-up, "
                          "then applied and refreshed: the phases run on a grown graph rather "
@@ -264,6 +286,8 @@ def main() -> None:
     out_dir = Path("var/bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = a.checkpoint
+    if a.yoochoose and not checkpoint:
+        raise SystemExit("--yoochoose needs --checkpoint: a model of its sessions, fitted before its test day")
     if not checkpoint and not a.cold_start:
         checkpoint = str(trained_here(a.train_events or (20_000 if a.quick else 40_000),
                                       a.train_steps or (5 if a.quick else 20), out_dir / "freshness-model"))
@@ -282,6 +306,8 @@ def main() -> None:
         raw = np.array(kafka_alone(up, rates[0], min(seconds / 2, 10)))
         env = {"HIRFLOW_WORKER__KNOWLEDGE": "false", "HIRFLOW_REFRESH__CHECKPOINT": checkpoint,
                "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5"}
+        if a.yoochoose:
+            env["HIRFLOW_CONFIG"] = str(ROOT / "configs" / "yoochoose.toml")
         worker = WorkerProcess(cfg, logs["worker"], env).start()
         try:
             deadline = time.monotonic() + 120
@@ -298,12 +324,16 @@ def main() -> None:
             # one world streamed on through every phase: its catalog (~1,800 entities and
             # structural edges, all at its start) lands in the warm-up, and each measured
             # phase is the same stream going on at another rate
-            total = int(a.prefill + warmup * rates[0] + sum(rates) * seconds)
-            # the world's clock runs at the first rate through the prefill (its events are
-            # stamped when produced, so only the order of the world's drift depends on this)
-            span_s = a.prefill / rates[0] + warmup + seconds * len(rates)
-            stream = SynthWorld(SynthConfig(events=total, seed=WORLD_SEED, start_ms=int(time.time() * 1000),
-                                            span_days=span_s / 86400)).stream()
+            if a.yoochoose:
+                stream, history = yoochoose_replay(a.yoochoose)
+                a.prefill = a.prefill or history
+            else:
+                total = int(a.prefill + warmup * rates[0] + sum(rates) * seconds)
+                # the world's clock runs at the first rate through the prefill (its events are
+                # stamped when produced, so only the order of the world's drift depends on this)
+                span_s = a.prefill / rates[0] + warmup + seconds * len(rates)
+                stream = SynthWorld(SynthConfig(events=total, seed=WORLD_SEED, start_ms=int(time.time() * 1000),
+                                                span_days=span_s / 86400)).stream()
             if a.prefill > 0:
                 t = time.monotonic()
                 applied = worker.metrics().get("hirflow_events_applied_total", 0.0)
