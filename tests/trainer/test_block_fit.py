@@ -298,8 +298,8 @@ def test_the_holdout_weighs_a_sessions_last_clicks_at_its_own_tempo():
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 50)), max_size=40))
 @settings(max_examples=60, deadline=None)
 def test_the_median_gap_is_between_a_users_successive_instants(pairs):
-    """The median over users of the gaps between each one's successive distinct engagement
-    times (any item; 0 without two instants), whatever order the engagements come in."""
+    """The median of the gaps between each user's successive distinct engagement times, all
+    users' gaps pooled (any item; 0 without two instants), whatever order they come in."""
     data = Interactions.of([(f"user:{u}", f"product:{t % 3}", t * 1000) for u, t in pairs],
                            ("user",), ("product",), 10)
     gaps = [b - a for u in {u for u, _ in pairs}
