@@ -86,7 +86,7 @@ def trained_here(events: int, steps_per_day: int, root: Path) -> Path:
     from hirflow.state.schema import SchemaConfig
     from hirflow.trainer.train import TrainConfig, train
     schema = SchemaConfig()
-    enc, cfg = EncoderConfig.for_schema(schema), TrainConfig(seed=0, max_steps_per_chunk=steps_per_day)
+    enc, cfg = EncoderConfig.for_schema(schema), TrainConfig(seed=0, steps_per_chunk=steps_per_day)
     configs = json.dumps([enc.to_dict(), dataclasses.asdict(cfg)], sort_keys=True, default=str)
     recipe = (f"world{WORLD_SEED}-events{events}-steps{steps_per_day}-"
               f"{hashlib.sha256(configs.encode()).hexdigest()[:8]}")

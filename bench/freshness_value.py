@@ -46,7 +46,7 @@ def run(name, schema, evs, ents, labels, a, encode, out: Path) -> dict:
         ck = a.checkpoints[name]
     else:
         enc = EncoderConfig.for_schema(schema, levels=(4, 16, 64) if a.quick else (16, 128, 1024))
-        cfg = TrainConfig(seed=0, snapshot_chunks=0, max_steps_per_chunk=2 if a.quick else None)
+        cfg = TrainConfig(seed=0, snapshot_chunks=0, steps_per_chunk=2 if a.quick else None)
         ck = train([e for e in evs if e.ts < lo], schema, enc, cfg, out / f"{name}-ck",
                    texts=texts, progress=not a.quick)
     model, block, manifest = load_served(ck)

@@ -128,7 +128,7 @@ def run(name, schema, evs, ents, labels, a, seed: int, encode, out: Path, baseli
         later = world_knowledge(ents, w.end, encode)
     levels = (4, 16, 64) if a.quick else (16, 128, 1024)
     enc = EncoderConfig.for_schema(schema, levels=levels)
-    cfg = TrainConfig(seed=seed, snapshot_chunks=0, max_steps_per_chunk=2 if a.quick else None,
+    cfg = TrainConfig(seed=seed, snapshot_chunks=0, steps_per_chunk=2 if a.quick else None,
                       sampled_negatives=a.sampled_negatives)
     stats: dict = {}
     t = time.perf_counter()

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 
-from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig  # noqa: E402
+from hirflow.encoder.quantize import BoMQuantizer  # noqa: E402
+from hirflow.encoder.quantizer_config import QuantizerConfig  # noqa: E402
 from hirflow.state.memindex import MemoryIndex  # noqa: E402
 
 

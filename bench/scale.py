@@ -149,7 +149,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="hirflow-bench-scale-"))
     enc = EncoderConfig.for_schema(world_schema := build(HirflowConfig, {}).schema)
     checkpoint = train(evs[:len(evs) // 5], world_schema, enc,
-                       TrainConfig(seed=1, max_steps_per_chunk=2, collaborative=CollaborativeConfig(rank=0)),
+                       TrainConfig(seed=1, steps_per_chunk=2, collaborative=CollaborativeConfig(rank=0)),
                        tmp / "ckpt", progress=False)
     results = []
     try:

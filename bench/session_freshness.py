@@ -87,7 +87,7 @@ def run(name: str, schema, evs, lo: int, hi: int, a, out: Path) -> dict:
         ck = a.checkpoints[name]
     else:
         enc = EncoderConfig.for_schema(schema, levels=(4, 16, 64) if a.quick else (16, 128, 1024))
-        cfg = TrainConfig(seed=a.seed, snapshot_chunks=0, max_steps_per_chunk=2 if a.quick else None)
+        cfg = TrainConfig(seed=a.seed, snapshot_chunks=0, steps_per_chunk=2 if a.quick else None)
         t = time.perf_counter()
         ck = train([e for e in evs if e.ts < lo], schema, enc, cfg, out / f"{name}-ck", progress=not a.quick)
         print(f"{name}: trained in {time.perf_counter() - t:.0f} s", flush=True)

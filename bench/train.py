@@ -67,7 +67,7 @@ def main() -> None:
     digests = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, workers in (("inline", 0), ("pipelined", a.workers)):
-            cfg = TrainConfig(max_steps_per_chunk=spc, sample_workers=workers, snapshot_chunks=0)
+            cfg = TrainConfig(steps_per_chunk=spc, sample_workers=workers, snapshot_chunks=0)
             st, digests[name] = run(events, schema, enc, cfg, device, Path(tmp) / name)
             loop_s = st["wait_s"] + st["model_s"]
             figures[name] = st | {"anchors_per_s": st["anchors"] / loop_s, "wait_share": st["wait_s"] / loop_s}

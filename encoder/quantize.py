@@ -7,11 +7,12 @@ so every worker encodes the same embedding into the same tokens.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import faiss
 import numpy as np
 import torch
+
+from hirflow.encoder.quantizer_config import QuantizerConfig
 
 log = logging.getLogger(__name__)
 
@@ -21,31 +22,6 @@ SPARSE_POINTS_PER_CODE = 39
 # better residuals for each next codebook to learn from (encoding, `QuantizerConfig.beam`,
 # may be narrower)
 TRAIN_BEAM = 4
-# the encoding beam of checkpoints whose manifest predates `beam`: their tokens stay the same
-LEGACY_BEAM = 4
-
-
-@dataclass(frozen=True)
-class QuantizerConfig:
-    m: int = 8                 # codebooks = tokens per node
-    nbits: int = 8             # 256 codes per codebook
-    train_size: int = 65_536   # embeddings sampled for training
-    seed: int = 0
-    beam: int = 1              # residual encoding beam when tokens are made: 1 = greedy.
-                               # Part of the checkpoint (every worker must make the same
-                               # tokens). Beam 4 costs 4.3x the time for the same BoM recall
-                               # (docs/benchmarks.md, "Retrieval")
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.m <= 64 or not 1 <= self.nbits <= 16 or not 1 <= self.beam <= 64:
-            raise ValueError(f"m must be in 1..64, nbits in 1..16 and beam in 1..64, got "
-                             f"{self.m}, {self.nbits}, {self.beam}")
-
-    @classmethod
-    def of_manifest(cls, doc: dict) -> "QuantizerConfig":
-        """The config a checkpoint's manifest records; one written before `beam` existed
-        encodes with the beam its tokens were made with."""
-        return cls(**{"beam": LEGACY_BEAM, **doc})
 
 
 class BoMQuantizer:

@@ -23,7 +23,8 @@ from hirflow.encoder import checkpoint as ckpt
 from hirflow.encoder import collaborative
 from hirflow.encoder.batching import PackConfig, PackedBatch, Packer, pack
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
-from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.encoder.quantize import BoMQuantizer
+from hirflow.encoder.quantizer_config import QuantizerConfig
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.index import NO_PRIMITIVE
 from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map

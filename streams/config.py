@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hirflow.encoder.quantizer_config import QuantizerConfig
 from hirflow.state.config import load_config
 from hirflow.state.graph import GraphConfig
 from hirflow.state.schema import SchemaConfig
+from hirflow.trainer.block_config import CollaborativeConfig
 
 
 @dataclass(frozen=True)
@@ -153,50 +155,17 @@ class TrainSection:
     min_steps: int = 1000               # more passes for a small data set, to at least this
                                         # many steps (not when steps_per_chunk caps the run)
     centre_types: bool = True           # fit primitives to embeddings less their type's mean
-    collaborative_rank: int | None = None   # width of the served embedding's collaborative
-                                        # block (low-rank EASE^R over users' items; 0: none;
-                                        # unset: 128, 256 or 512, chosen on the training
-                                        # window's last 10 %, wider only on a clear lead)
-    collaborative_weight: float | None = None   # its score spread over the encoder's
-                                        # (unset: chosen on the training window's last 10 %)
-    collaborative_weight_windows: int = 1   # successive holdout windows (10 % each, the last
-                                        # ending the training window) whose users together
-                                        # choose that weight (1: the last alone)
-    collaborative_recency_days: float | None = None   # tau of the recency weights of a
-                                        # user's items in its block, in days (0: all alike;
-                                        # unset: chosen on the training window's last 10 %:
-                                        # the mean of the weights at 0 to 16 times its length,
-                                        # or on a clear lead one tau of 1, 4 or 16 times the
-                                        # median time between a user's engagements)
-    collaborative_fit_days: float | None = None   # tau of the pairs' recency weights in
-                                        # EASE^R's fit, in days (0: all alike; unset: fitted
-                                        # at 1 to 16 times that length, the fits summed)
-    collaborative_next_periods: int = 2   # periods (each as long as the training window's
-                                        # last 10 %) of the next-period regression added to
-                                        # EASE^R in the block: which items users buy new after
-                                        # what they had (0: none)
-    collaborative_next_weight: float | None = None   # its score spread over EASE^R's (unset:
-                                        # chosen on the training window's last 10 %, 0 to 1;
-                                        # above 0 only on a lead of one standard error)
     sample_workers: int = 1             # threads sampling views ahead of the model (0: inline)
     knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
     announce: bool = True               # announce each complete checkpoint on hirflow.checkpoints
+    collaborative: CollaborativeConfig = field(default_factory=CollaborativeConfig)   # the
+                                        # served embedding's collaborative block
 
     def __post_init__(self) -> None:
         if not 0 < self.train_share < 1:
             raise ValueError(f"train.train_share must be in (0, 1), got {self.train_share}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"train.objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if (self.collaborative_rank or 0) < 0 or (self.collaborative_weight or 0) < 0 \
-                or (self.collaborative_recency_days or 0) < 0 or (self.collaborative_fit_days or 0) < 0:
-            raise ValueError("train.collaborative_rank, collaborative_weight, "
-                             "collaborative_recency_days and collaborative_fit_days must be >= 0")
-        if self.collaborative_next_periods < 0 or (self.collaborative_next_weight or 0) < 0:
-            raise ValueError("train.collaborative_next_periods and collaborative_next_weight "
-                             "must be >= 0")
-        if not 1 <= self.collaborative_weight_windows <= 9:
-            raise ValueError("train.collaborative_weight_windows must be in 1..9 (windows of 10 % "
-                             f"each inside the training window), got {self.collaborative_weight_windows}")
         if self.passes < 1 or self.sample_workers < 0 or self.min_steps < 0 \
                 or (self.rounds is not None and self.rounds < 1) \
                 or (self.steps_per_chunk is not None and self.steps_per_chunk < 1):
@@ -222,20 +191,6 @@ class EncoderSection:
 
 
 @dataclass(frozen=True)
-class QuantizerSection:
-    """Bag-of-Meaning tokens of a new model."""
-    m: int = 8                          # tokens per node (codebooks)
-    nbits: int = 8                      # bits per token: 2^nbits codes per codebook
-    beam: int = 1                       # encoding beam (1: greedy); beam 4 costs 4.3x the
-                                        # time for the same BoM recall
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.m <= 64 or not 1 <= self.nbits <= 16 or not 1 <= self.beam <= 64:
-            raise ValueError(f"quantizer.m must be in 1..64, nbits in 1..16 and beam in 1..64, "
-                             f"got {self.m}, {self.nbits}, {self.beam}")
-
-
-@dataclass(frozen=True)
 class HirflowConfig:
     schema: SchemaConfig = field(default_factory=SchemaConfig)
     graph: GraphConfig = field(default_factory=GraphConfig)
@@ -245,7 +200,7 @@ class HirflowConfig:
     refresh: RefreshConfig = field(default_factory=RefreshConfig)
     train: TrainSection = field(default_factory=TrainSection)
     encoder: EncoderSection = field(default_factory=EncoderSection)
-    quantizer: QuantizerSection = field(default_factory=QuantizerSection)
+    quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
 
 
 SECRET_PARTS = ("password", "secret", "token", "key.pem", "credentials", "jaas")

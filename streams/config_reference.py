@@ -58,20 +58,32 @@ def _default(value) -> str:
 
 
 def _section(name: str, obj) -> list[str]:
+    """The table of one section (`name` dotted for a nested one), then a section of its own
+    for each field that is itself a config class (`train.collaborative`)."""
     cls = type(obj)
     hints = typing.get_type_hints(cls)
     notes = field_comments(cls)
     doc = inspect.getdoc(cls)
+    env_prefix = ENV_PREFIX + "__".join(name.upper().split(".")) + "__"
     lines = [f"## `{name}`", ""]
     if doc and not doc.startswith(cls.__name__ + "("):
-        lines += [doc.splitlines()[0], ""]
+        lines += [doc.splitlines()[0] if "\n\n" in doc else " ".join(doc.split()), ""]
     lines += ["| key | type | default | environment variable | what it is |", "|---|---|---|---|---|"]
+    nested = []
     for f in dataclasses.fields(cls):
-        env = f"{ENV_PREFIX}{name.upper()}__{f.name.upper()}"
+        value = getattr(obj, f.name)
         text = notes.get(f.name, "").replace("|", "\\|")
-        lines.append(f"| `{name}.{f.name}` | {_type_name(hints[f.name])} | "
-                     f"{_default(getattr(obj, f.name))} | `{env}` | {text} |")
-    return lines + [""]
+        env = f"`{env_prefix}{f.name.upper()}`"
+        type_name = _type_name(hints[f.name])
+        if dataclasses.is_dataclass(value):
+            nested.append((f"{name}.{f.name}", value))
+            text = f"{text}: see `{name}.{f.name}` below" if text else f"see `{name}.{f.name}` below"
+            env, type_name = f"`{env_prefix}{f.name.upper()}__<KEY>`", "table"
+        lines.append(f"| `{name}.{f.name}` | {type_name} | {_default(value)} | {env} | {text} |")
+    lines.append("")
+    for sub_name, sub in nested:
+        lines += _section(sub_name, sub)
+    return lines
 
 
 def _actions(defaults: dict[str, ActionSpec]) -> list[str]:

@@ -77,7 +77,7 @@ def tiny_checkpoints(tmp_path_factory, tiny_world):
     with both."""
     from hirflow.trainer.block_config import CollaborativeConfig
     from hirflow.encoder.model import EncoderConfig
-    from hirflow.encoder.quantize import QuantizerConfig
+    from hirflow.encoder.quantizer_config import QuantizerConfig
     from hirflow.state.schema import SchemaConfig
     from hirflow.trainer.train import TrainConfig, train
     root = tmp_path_factory.mktemp("ckpts")
@@ -89,7 +89,7 @@ def tiny_checkpoints(tmp_path_factory, tiny_world):
         # the DistMult objective at full distillation weight: after a few steps it already
         # spreads ads over several fine primitives, which the refresh tests move users between
         # (how evenly depends on the seed; with seed 1 over four, 5 to 18 ads each)
-        cfg = TrainConfig(seed=1, batch_edges=32, max_steps_per_chunk=2, objective="bce",
+        cfg = TrainConfig(seed=1, batch_edges=32, steps_per_chunk=2, objective="bce",
                           w_distill=1.0, w_hierarchy=0.1, teacher_anchors=None,
                           quantizer=QuantizerConfig(m=4, nbits=4), centre_types=seed == 1,
                           collaborative=CollaborativeConfig(rank=0 if seed == 0 else 128))

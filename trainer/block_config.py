@@ -5,20 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-
 @dataclass(frozen=True)
 class CollaborativeConfig:
-    rank: int | None = None          # block width (0: no block; None: chosen on the holdout
+    """The served embedding's collaborative block (`[train.collaborative]`): low-rank EASE^R over
+    users' items, fitted and chosen on the last share of the training window (the holdout)."""
+    rank: int | None = None          # block width (0: no block; unset: chosen on the holdout
                                      # from `rank_grid` by the block alone, a wider one only
-                                     # on a clear lead: session data needs more of EASE^R's
-                                     # rank than a shop's year)
-    rank_grid: tuple[int, ...] = (128, 256, 512)
-    weight: float | None = None      # block score spread / encoder score spread (None: chosen
-                                     # on the holdout from `weight_grid`)
-    weight_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
-    l2_grid: tuple[float, ...] = (30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0)   # EASE^R lambdas
+                                     # on a clear lead)
+    rank_grid: tuple[int, ...] = (128, 256, 512)   # the widths the holdout chooses among
+    weight: float | None = None      # the block's score spread over the encoder's (unset:
+                                     # chosen on the holdout from `weight_grid`, beside the
+                                     # block alone and the encoder alone)
+    weight_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)   # the weights it chooses among
+    l2_grid: tuple[float, ...] = (30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0)   # EASE^R's ridge
+                                     # lambdas the holdout chooses among
     holdout: float = 0.1             # last share of the training window's engagements that
-                                     # chooses lambda and the weight
+                                     # chooses lambda, the width and the weight
     weight_windows: int = 1          # successive holdout windows (each a `holdout` share, the
                                      # last ending the training window) whose users' Recall@20
                                      # together choose the weight
@@ -28,72 +30,73 @@ class CollaborativeConfig:
     max_holdout_share: float = 0.5   # the most of the training window the holdouts may cover
     max_items: int = 5_000           # the most-engaged items, solved densely (an I x I EASE^R
                                      # solve per lambda tried: cubic in this); every other item
-                                     # with enough users is folded in against them (block_fit)
-    unit_users: bool = True          # a user's block set to a fixed length (False: the plain
+                                     # with at least 3 users is folded in against them
+    unit_users: bool = True          # a user's block set to a fixed length (false: the plain
                                      # sum, whose share grows with the user's history)
-    recency_days: float | None = None    # tau of a user's item weights in days (0: all alike;
-                                         # None: the holdout's choice among `recency_taus`)
+    recency_days: float | None = None    # tau of a user's item weights in its block, in days
+                                         # (0: all alike; unset: the holdout's choice among
+                                         # `recency_windows` and `recency_gaps`)
     recency_windows: tuple[float, ...] = (0.0, 2.0, 4.0, 8.0, 16.0)   # taus in holdout windows,
                                      # their weights averaged: a data set's clock is its own
                                      # (a day of sessions, a shop's season, a decade of
-                                     # ratings), so the scales are multiples of the last
-                                     # holdout window's length (Online Retail's: 16 days)
+                                     # ratings), so the scales are multiples of the holdout
+                                     # window's length
     recency_gaps: tuple[float, ...] = (1.0, 4.0, 16.0)   # single taus in multiples of the
-                                     # median time between a user's successive engagements
-                                     # (a click session's: a minute), each chosen over the
-                                     # windows' mixture only on a clear lead: where intent
-                                     # lives for minutes, the last engagements say most
-    fit_days: float | None = None    # tau of the pairs' weights in EASE^R's fit in days (0:
-                                     # binary; None: the holdout's choice of the binary fit and
-                                     # the fits at every tau of `fit_windows` summed, each at
-                                     # unit score spread)
-    fit_windows: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)     # in holdout windows
+                                     # median time between a user's successive engagements,
+                                     # each chosen over the windows' mixture only on a clear
+                                     # lead: where intent lives for minutes, the last
+                                     # engagements say most
+    fit_days: float | None = None    # tau of the pairs' weights in EASE^R's fit, in days (0:
+                                     # binary; unset: the holdout's choice of the binary fit
+                                     # and the fits at every tau of `fit_windows` summed)
+    fit_windows: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)   # those taus, in holdout
+                                     # windows
     next_periods: int = 2            # periods of the next-period regression added to EASE^R
-                                     # (`trainer.next_period`; 0: none), each as long as the
-                                     # holdout window; on Online Retail's windows before its
-                                     # test window 2 ranked better than 4 (docs/evaluation.md)
+                                     # (which items users engage new after what they had; 0:
+                                     # none), each as long as the holdout window
     next_l2: float = 3000.0          # its ridge lambda
-    next_weight: float | None = None     # its score spread over EASE^R's (None: chosen on the
+    next_weight: float | None = None     # its score spread over EASE^R's (unset: chosen on the
                                          # holdout from `next_grid` by the block alone, above
                                          # the lightest only on a clear lead)
-    next_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
+    next_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)   # the weights it chooses among
     propagation_layers: int = 2      # layers of the graph propagation added to the block
-                                     # (`trainer.propagation`; 0: none)
+                                     # (0: none)
     propagation_weight: float | None = None   # its score spread over the rest of the block's
-                                              # (None: chosen on the holdout from
+                                              # (unset: chosen on the holdout from
                                               # `propagation_grid` by the block alone, above
                                               # the lightest only on a clear lead)
-    propagation_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
+    propagation_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)   # the weights it chooses among
 
     def __post_init__(self) -> None:
-        if (self.rank is not None and self.rank < 0) or not self.rank_grid \
-                or min(self.rank_grid) < 1 \
-                or (self.weight is not None and self.weight < 0) or self.max_items < 2 \
-                or not 0 < self.holdout < 1 or not self.l2_grid or min(self.l2_grid) <= 0 \
-                or self.weight_windows < 1 or self.holdout * self.weight_windows >= 1 \
-                or self.min_holdout_users < 0 or not 0 < self.max_holdout_share < 1 \
-                or not self.weight_grid or min(self.weight_grid) < 0 \
-                or (self.recency_days is not None and self.recency_days < 0) \
-                or not self.recency_windows or min(self.recency_windows) < 0 \
-                or min(self.recency_gaps, default=1.0) <= 0 \
-                or (self.fit_days is not None and self.fit_days < 0) \
-                or not self.fit_windows or min(self.fit_windows) < 0 \
-                or self.next_periods < 0 or self.next_l2 <= 0 \
-                or (self.next_weight is not None and self.next_weight < 0) \
-                or not self.next_grid or min(self.next_grid) < 0 \
-                or self.propagation_layers < 0 \
-                or (self.propagation_weight is not None and self.propagation_weight < 0) \
-                or not self.propagation_grid or min(self.propagation_grid) < 0:
-            raise ValueError("collaborative: rank >= 0 or None, rank_grid >= 1, weight >= 0 or "
-                             "None, max_items >= 2, holdout in (0, 1), weight_windows >= 1 with "
-                             "holdout x weight_windows < 1, min_holdout_users >= 0, "
-                             "max_holdout_share in (0, 1), non-empty l2_grid (> 0) and "
-                             "weight_grid (>= 0), "
-                             "recency_days and fit_days >= 0 or None, non-empty recency_windows "
-                             "and fit_windows (>= 0), recency_gaps > 0, next_periods >= 0, next_l2 > 0, "
-                             "next_weight >= 0 or None, non-empty next_grid (>= 0), "
-                             "propagation_layers >= 0, propagation_weight >= 0 or None, "
-                             "non-empty propagation_grid (>= 0)")
+        def positive(v): return v is None or v >= 0
+        checks = (("rank", positive(self.rank), ">= 0 or unset"),
+                  ("rank_grid", bool(self.rank_grid) and min(self.rank_grid) >= 1, "non-empty, each >= 1"),
+                  ("weight", positive(self.weight), ">= 0 or unset"),
+                  ("weight_grid", bool(self.weight_grid) and min(self.weight_grid) >= 0, "non-empty, each >= 0"),
+                  ("l2_grid", bool(self.l2_grid) and min(self.l2_grid) > 0, "non-empty, each > 0"),
+                  ("holdout", 0 < self.holdout < 1, "in (0, 1)"),
+                  ("weight_windows", 1 <= self.weight_windows and self.holdout * self.weight_windows < 1,
+                   ">= 1, with holdout x weight_windows < 1"),
+                  ("min_holdout_users", self.min_holdout_users >= 0, ">= 0"),
+                  ("max_holdout_share", 0 < self.max_holdout_share < 1, "in (0, 1)"),
+                  ("max_items", self.max_items >= 2, ">= 2"),
+                  ("recency_days", positive(self.recency_days), ">= 0 or unset"),
+                  ("recency_windows", bool(self.recency_windows) and min(self.recency_windows) >= 0,
+                   "non-empty, each >= 0"),
+                  ("recency_gaps", min(self.recency_gaps, default=1.0) > 0, "each > 0"),
+                  ("fit_days", positive(self.fit_days), ">= 0 or unset"),
+                  ("fit_windows", bool(self.fit_windows) and min(self.fit_windows) >= 0, "non-empty, each >= 0"),
+                  ("next_periods", self.next_periods >= 0, ">= 0"),
+                  ("next_l2", self.next_l2 > 0, "> 0"),
+                  ("next_weight", positive(self.next_weight), ">= 0 or unset"),
+                  ("next_grid", bool(self.next_grid) and min(self.next_grid) >= 0, "non-empty, each >= 0"),
+                  ("propagation_layers", self.propagation_layers >= 0, ">= 0"),
+                  ("propagation_weight", positive(self.propagation_weight), ">= 0 or unset"),
+                  ("propagation_grid", bool(self.propagation_grid) and min(self.propagation_grid) >= 0,
+                   "non-empty, each >= 0"))
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
     @property
     def enabled(self) -> bool:

@@ -40,7 +40,8 @@ from hirflow.encoder import checkpoint as ckpt
 from hirflow.encoder import collaborative
 from hirflow.encoder.model import HierarchicalEncoder
 from hirflow.encoder.serving import encoder_from
-from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.encoder.quantize import BoMQuantizer
+from hirflow.encoder.quantizer_config import QuantizerConfig
 from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig, node_type
 from hirflow.trainer import baselines as B

@@ -38,7 +38,8 @@ from hirflow.encoder import checkpoint as ckpt
 from hirflow.encoder import collaborative
 from hirflow.encoder.hierarchy import fit_tree
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
-from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.encoder.quantize import BoMQuantizer
+from hirflow.encoder.quantizer_config import QuantizerConfig
 from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.views import STUDENT, TEACHER, ViewConfig
@@ -65,7 +66,7 @@ class TrainConfig:
     seed: int = 0
     chunk_hours: float = 24.0        # time chunk: shuffles never cross one
     batch_edges: int = 256           # engagements per step
-    max_steps_per_chunk: int | None = None   # None: every event of a chunk is used each pass
+    steps_per_chunk: int | None = None   # None: every event of a chunk is used each pass
     objective: str = "softmax"       # "softmax": in-batch sampled softmax (two-tower retrieval)
                                      # with logQ correction; "bce": DistMult + typed negatives
     softmax_temperature: float = 0.05
@@ -101,7 +102,7 @@ class TrainConfig:
     negatives: int = 2               # "bce" only: per positive, same node type as the true dst
     passes: int = 1                  # shuffled passes over each chunk's events
     min_steps: int = 1000            # a small data set gets more passes, to at least this many
-                                     # steps (unless max_steps_per_chunk caps the run); 0:
+                                     # steps (unless steps_per_chunk caps the run); 0:
                                      # `passes` only
     cold_share: float = 0.2          # student views reduced to the anchor alone (cold-start drill)
     refit_prototypes: bool = True    # fit the primitive tree to the final embeddings (k-means)
@@ -119,9 +120,9 @@ class TrainConfig:
                                      # daily chunks would otherwise write ~300 snapshots
 
     def __post_init__(self) -> None:
-        if self.batch_edges < 1 or (self.max_steps_per_chunk is not None and self.max_steps_per_chunk < 1) \
+        if self.batch_edges < 1 or (self.steps_per_chunk is not None and self.steps_per_chunk < 1) \
                 or self.chunk_hours <= 0 or self.passes < 1 or self.min_steps < 0:
-            raise ValueError("batch_edges, max_steps_per_chunk, passes and chunk_hours must be positive, "
+            raise ValueError("batch_edges, steps_per_chunk, passes and chunk_hours must be positive, "
                              "min_steps >= 0")
         if self.sampled_negatives < 0 or not 0 < self.collapse_cosine <= 1:
             raise ValueError("sampled_negatives must be >= 0 and collapse_cosine in (0, 1]")
@@ -334,11 +335,11 @@ def _plan(events, cfg: TrainConfig, holdout_starts: Sequence[int] = ()) -> tuple
     cuts = [s for s in holdout_starts if t0 + -(-(s - t0) // chunk_ms) * chunk_ms > last]
 
     def plan(passes: int) -> list:
-        return chunk_plan(events, chunk_ms, cfg.batch_edges, cfg.max_steps_per_chunk, cfg.seed,
+        return chunk_plan(events, chunk_ms, cfg.batch_edges, cfg.steps_per_chunk, cfg.seed,
                           passes, cuts)
     first = plan(cfg.passes)
     per_pass = sum(len(p) - 1 for p in first) // cfg.passes
-    if not cfg.min_steps or cfg.max_steps_per_chunk is not None or not per_pass:
+    if not cfg.min_steps or cfg.steps_per_chunk is not None or not per_pass:
         return first, cfg.passes
     passes = max(cfg.passes, math.ceil(cfg.min_steps / per_pass))
     return (first if passes == cfg.passes else plan(passes)), passes

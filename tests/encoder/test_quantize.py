@@ -1,7 +1,8 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from hirflow.encoder.quantize import LEGACY_BEAM, BoMQuantizer, QuantizerConfig, unpack_codes
+from hirflow.encoder.quantize import BoMQuantizer, unpack_codes
+from hirflow.encoder.quantizer_config import LEGACY_BEAM, QuantizerConfig
 
 
 def data(n=3000, d=32, seed=0):

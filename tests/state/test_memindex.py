@@ -2,7 +2,8 @@
 stays consistent through updates and compactions."""
 import numpy as np
 
-from hirflow.encoder.quantize import BoMQuantizer, QuantizerConfig
+from hirflow.encoder.quantize import BoMQuantizer
+from hirflow.encoder.quantizer_config import QuantizerConfig
 from hirflow.state.memindex import MemoryIndex
 
 

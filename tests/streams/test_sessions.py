@@ -22,7 +22,7 @@ DAY = 86_400_000
 
 def test_a_session_is_refreshed_after_each_click_and_expires_when_idle(cfg, tmp_path):
     from hirflow.encoder.model import EncoderConfig
-    from hirflow.encoder.quantize import QuantizerConfig
+    from hirflow.encoder.quantizer_config import QuantizerConfig
     from hirflow.trainer.train import TrainConfig, train
     schema = config_mod.load(ROOT / "configs" / "yoochoose.toml", env={}).schema
     clicks = list(read_events(ROOT / "tests" / "data" / "yoochoose_sample.tsv", "yoochoose",
@@ -30,7 +30,7 @@ def test_a_session_is_refreshed_after_each_click_and_expires_when_idle(cfg, tmp_
     shift = int(time.time() * 1000) - 3 * DAY - max(e.ts for e in clicks)   # three days ago
     clicks = [Engagement(e.src, e.dst, e.action, e.ts + shift) for e in clicks]
     enc = EncoderConfig.for_schema(schema, levels=(4, 16), d_model=32, d_ff=64, d_emb=32)
-    ck = train(clicks, schema, enc, TrainConfig(batch_edges=32, max_steps_per_chunk=2,
+    ck = train(clicks, schema, enc, TrainConfig(batch_edges=32, steps_per_chunk=2,
                                                 quantizer=QuantizerConfig(m=2, nbits=4)),
                tmp_path / "ck", progress=False)
     cfg = dataclasses.replace(cfg, schema=schema)

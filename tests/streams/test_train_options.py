@@ -1,16 +1,17 @@
-"""The [train], [encoder] and [quantizer] sections: the same precedence and key checks as the
-worker's sections, the CLI flags on top, and the trainer's own defaults where both exist."""
+"""The [train], [train.collaborative], [encoder] and [quantizer] sections: the same precedence
+and key checks as the worker's sections, the CLI flags on top, and the trainer's own defaults
+where [train] and [encoder] name a trainer field."""
 import dataclasses
 
 import pytest
+from hypothesis import given, strategies as st
 from click.testing import CliRunner
 
 from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.encoder.model import EncoderConfig
-from hirflow.encoder.quantize import QuantizerConfig
 from hirflow.state.config import ConfigError
 from hirflow.streams.cli import cli
-from hirflow.streams.config import EncoderSection, QuantizerSection, TrainSection, load
+from hirflow.streams.config import EncoderSection, TrainSection, load
 from hirflow.streams.train_options import TRAIN_FIELDS, run_options
 from hirflow.trainer.runs import RunOptions
 from hirflow.trainer.train import TrainConfig
@@ -18,27 +19,26 @@ from hirflow.trainer.train import TrainConfig
 
 def test_section_defaults_are_the_trainers_defaults():
     train, section = TrainConfig(), TrainSection()
-    for key, name in TRAIN_FIELDS.items():
-        assert getattr(section, key) == getattr(train, name), key
+    for key in TRAIN_FIELDS:
+        assert getattr(section, key) == getattr(train, key), key
     assert section.train_share == RunOptions().train_share and section.knowledge == RunOptions().knowledge
     assert section.fit_validation == RunOptions().fit_validation
     enc = EncoderConfig()
     for f in dataclasses.fields(EncoderSection):
         assert getattr(EncoderSection(), f.name) == getattr(enc, f.name), f.name
-    for f in dataclasses.fields(QuantizerSection):
-        assert getattr(QuantizerSection(), f.name) == getattr(QuantizerConfig(), f.name), f.name
 
 
 def test_file_then_env_then_flags(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('[train]\npasses = 3\nseed = 5\nwindow = "14d"\n'
                  '[encoder]\nd_model = 128\nlevels = [4, 16]\n[quantizer]\nm = 4\n')
-    cfg = load(file=f, env={"HIRFLOW_TRAIN__SEED": "6", "HIRFLOW_TRAIN__COLLABORATIVE_RECENCY_DAYS": "45",
-                            "HIRFLOW_TRAIN__COLLABORATIVE_FIT_DAYS": "30",
-                            "HIRFLOW_TRAIN__COLLABORATIVE_RANK": "64",
-                            "HIRFLOW_TRAIN__COLLABORATIVE_WEIGHT_WINDOWS": "3",
-                            "HIRFLOW_TRAIN__COLLABORATIVE_NEXT_WEIGHT": "0.5"},
-               overrides={"train.objective": "bce"})
+    f.write_text(f.read_text() + '[train.collaborative]\nrank = 32\nrank_grid = [16, 32]\n')
+    cfg = load(file=f, env={"HIRFLOW_TRAIN__SEED": "6", "HIRFLOW_TRAIN__COLLABORATIVE__RECENCY_DAYS": "45",
+                            "HIRFLOW_TRAIN__COLLABORATIVE__FIT_DAYS": "30",
+                            "HIRFLOW_TRAIN__COLLABORATIVE__RANK": "64",
+                            "HIRFLOW_TRAIN__COLLABORATIVE__WEIGHT_WINDOWS": "3",
+                            "HIRFLOW_TRAIN__COLLABORATIVE__NEXT_WEIGHT": "0.5"},
+               overrides={"train.objective": "bce", "quantizer.beam": 2})
     opts = run_options(cfg)
     assert (opts.train.passes, opts.train.seed, opts.train.objective) == (3, 6, "bce")
     assert opts.train.collaborative.recency_days == 45.0 and opts.train.collaborative.weight is None
@@ -48,7 +48,9 @@ def test_file_then_env_then_flags(tmp_path):
     assert opts.train.collaborative.weight_windows == 3
     assert opts.train.collaborative.next_weight == 0.5
     assert opts.train.collaborative.next_periods == CollaborativeConfig().next_periods == 2
-    assert opts.window_s == 14 * 86400 and opts.train.quantizer.m == 4
+    assert opts.train.collaborative.rank_grid == (16, 32)
+    assert opts.train.collaborative is cfg.train.collaborative and opts.train.quantizer is cfg.quantizer
+    assert opts.window_s == 14 * 86400 and opts.train.quantizer.m == 4 and opts.train.quantizer.beam == 2
     assert opts.encoder["d_model"] == 128 and tuple(opts.encoder["levels"]) == (4, 16)
 
 
@@ -56,16 +58,13 @@ def test_file_then_env_then_flags(tmp_path):
                                        ({"encoder": {"d_model": 66}}, "n_heads"),
                                        ({"train": {"objective": "mse"}}, "objective"),
                                        ({"quantizer": {"m": 0}}, "quantizer.m"),
-                                       ({"train": {"collaborative_recency_days": -1}},
-                                        "collaborative_recency_days"),
-                                       ({"train": {"collaborative_fit_days": -1}},
-                                        "collaborative_fit_days"),
-                                       ({"train": {"collaborative_rank": -1}},
-                                        "collaborative_rank"),
-                                       ({"train": {"collaborative_weight_windows": 0}},
-                                        "collaborative_weight_windows"),
-                                       ({"train": {"collaborative_next_periods": -1}},
-                                        "collaborative_next_periods")])
+                                       ({"quantizer": {"train_size": 0}}, "train_size"),
+                                       ({"train": {"collaborative_rank": 64}},
+                                        "train.collaborative_rank"),
+                                       ({"train": {"collaborative": {"rnak": 64}}},
+                                        "train.collaborative.rnak"),
+                                       ({"train": {"collaborative": {"weight_windows": 10}}},
+                                        "weight_windows")])
 def test_a_bad_key_or_value_is_an_error_that_names_it(tmp_path, data, key):
     import json
     f = tmp_path / "c.json"
@@ -86,3 +85,13 @@ def test_train_flags_override_the_file(tmp_path):
     r = CliRunner().invoke(cli, ["--config", str(f), "train", "--passes", "2", "--no-knowledge",
                                  "--out", str(tmp_path / "ck"), "--input", str(events)])
     assert r.exit_code == 1 and "passes" not in r.output and "no engagement events" in r.output
+
+
+@given(field=st.sampled_from(["rank", "weight", "recency_days", "fit_days", "next_periods",
+                              "next_weight", "propagation_layers", "propagation_weight",
+                              "min_holdout_users"]),
+       value=st.integers(-10**6, -1))
+def test_a_negative_collaborative_setting_is_refused_by_name(field, value):
+    """Every [train.collaborative] key is checked where it is defined, and the error names it."""
+    with pytest.raises(ConfigError, match=rf"train\.collaborative: {field} must be"):
+        load(env={f"HIRFLOW_TRAIN__COLLABORATIVE__{field.upper()}": str(value)})

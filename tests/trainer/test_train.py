@@ -265,4 +265,4 @@ def test_a_small_data_set_gets_passes_up_to_min_steps_unless_its_steps_are_cappe
     assert _passes(evs, TrainConfig(batch_edges=32, min_steps=one)) == 1
     assert _passes(evs, TrainConfig(batch_edges=32, min_steps=one + 1)) == 2
     assert _passes(evs, TrainConfig(batch_edges=32, min_steps=10 * one, passes=3)) == 10
-    assert _passes(evs, TrainConfig(batch_edges=32, min_steps=10 * one, max_steps_per_chunk=2)) == 1
+    assert _passes(evs, TrainConfig(batch_edges=32, min_steps=10 * one, steps_per_chunk=2)) == 1
