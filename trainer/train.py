@@ -175,153 +175,249 @@ def _train(events, schema, enc_cfg, cfg, out_dir, parent, texts, device, progres
     events = sorted(events, key=lambda e: (e.ts, e.src, e.dst, e.action))
     if not events:
         raise ValueError("no training events")
-    actions = sorted(schema.all_actions)
-    a_index = {a: i for i, a in enumerate(actions)}
-    # each action's weight as a training target; under the softmax objective negative
-    # feedback (not_interested, cancel) is no positive to retrieve, so it weighs nothing
-    funnel = torch.tensor([0.0 if cfg.objective == "softmax" and schema.all_actions[a].sign < 0
-                           else schema.all_actions[a].funnel_weight for a in actions])
-    student = HierarchicalEncoder(enc_cfg).to(dev).train()
-    head = EngagementHead(len(actions), enc_cfg.d_emb).to(dev)
-    if init is not None:
-        _warm_start(student, head, init, enc_cfg)
-    teacher = copy.deepcopy(student).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    opt = torch.optim.AdamW(list(student.parameters()) + list(head.parameters()), lr=cfg.lr,
-                            weight_decay=cfg.weight_decay)
-    snap_dir = Path(out_dir) / "_resume"
+    models = _Models.create(enc_cfg, cfg, len(schema.all_actions), init, dev)
     fp = resume_mod.fingerprint([(e.ts, e.src, e.dst, e.action, e.w) for e in events], _manifest_train(cfg),
                                 enc_cfg.to_dict(), parent, init.id if init is not None else None,
                                 _texts_digest(texts))
-    modules = {"student": student, "teacher": teacher, "head": head}
-    ccfg = cfg.collaborative
+    collab = CollaborativeFit(events, schema, _inherited_weight(cfg.collaborative, init))
+    loop = _Loop(events, schema, enc_cfg, cfg, texts, dev, models, collab, Path(out_dir) / "_resume", fp)
+    if resume:
+        loop.resume()
+    trained = loop.run(progress)
+    if stats is not None:
+        stats.update(loop.timing)
+    codes = np.asarray(schema.type_codes(trained.nodes), np.int64)
+    _fit_primitives(models.student, trained.embs, codes, enc_cfg, cfg, dev)
+    path = _save(out_dir, trained, models, codes, enc_cfg, cfg, parent, init, events, dev)
+    shutil.rmtree(loop.snap_dir, ignore_errors=True)     # the run is complete
+    return path
+
+
+@dataclass
+class _Models:
+    """The student, its EMA teacher (never stepped itself), the engagement head and the
+    optimiser of the student's and the head's parameters."""
+    student: HierarchicalEncoder
+    teacher: HierarchicalEncoder
+    head: EngagementHead
+    opt: torch.optim.Optimizer
+
+    @classmethod
+    def create(cls, enc_cfg: EncoderConfig, cfg: TrainConfig, n_actions: int,
+               init: ckpt.Checkpoint | None, dev: torch.device) -> "_Models":
+        student = HierarchicalEncoder(enc_cfg).to(dev).train()
+        head = EngagementHead(n_actions, enc_cfg.d_emb).to(dev)
+        if init is not None:
+            _warm_start(student, head, init, enc_cfg)
+        teacher = copy.deepcopy(student).eval()
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        opt = torch.optim.AdamW(list(student.parameters()) + list(head.parameters()), lr=cfg.lr,
+                                weight_decay=cfg.weight_decay)
+        return cls(student, teacher, head, opt)
+
+    def modules(self) -> dict[str, nn.Module]:
+        """What a resume snapshot saves beside the optimiser."""
+        return {"student": self.student, "teacher": self.teacher, "head": self.head}
+
+
+def _inherited_weight(ccfg: CollaborativeConfig, init: ckpt.Checkpoint | None) -> CollaborativeConfig:
+    """A run continuing a checkpoint has a student that saw this window's holdout (its parent
+    trained up to a recent cutoff): it keeps the weight its parent chose."""
     parent_weight = (init.manifest.get("collaborative") or {}).get("weight") if init is not None else None
     if ccfg.weight is None and parent_weight is not None:
-        # a run continuing a checkpoint has a student that saw this window's holdout (its
-        # parent trained up to a recent cutoff): it keeps the weight its parent chose
-        ccfg = dataclasses.replace(ccfg, weight=float(parent_weight))
-    collab = CollaborativeFit(events, schema, ccfg)
-    plan, passes = _plan(events, cfg, collab.starts)
-    steps = sum(len(p) - 1 for p in plan)
-    lr = cosine(cfg.lr, cfg.lr * cfg.lr_end, max(1, steps), warmup_steps=min(cfg.warmup_steps, max(1, steps) - 1))
-    mom = teacher_momentum(max(1, steps), cfg.momentum)
-    watch = CollapseWatch(cfg.collapse_cosine)
-    item_codes = torch.tensor(sorted({schema.all_node_types.index(t) for t in schema.item_node_types}),
-                              device=dev)
-    start_chunk, step, metrics = 0, 0, {}
-    if resume:
-        got = resume_mod.load(snap_dir, fp, modules, opt)
+        return dataclasses.replace(ccfg, weight=float(parent_weight))
+    return ccfg
+
+
+def _funnel(schema: SchemaConfig, cfg: TrainConfig) -> torch.Tensor:
+    """Each action's weight as a training target, in the order of the sorted action names;
+    under the softmax objective negative feedback (not_interested, cancel) is no positive to
+    retrieve, so it weighs nothing."""
+    return torch.tensor([0.0 if cfg.objective == "softmax" and schema.all_actions[a].sign < 0
+                         else schema.all_actions[a].funnel_weight for a in sorted(schema.all_actions)])
+
+
+@dataclass
+class _Trained:
+    """What the loop leaves: the final embeddings of every node it saw, the served rows (the
+    embeddings with the block's coordinates), the block, the collapse health, the last step's
+    metrics and the number of steps taken."""
+    nodes: list[str]
+    embs: np.ndarray
+    served: np.ndarray
+    block: object | None
+    collapse: dict
+    metrics: dict
+    steps: int
+
+
+class _Loop:
+    """One run's plan, in order: chunk markers (collapse rows, resume snapshots), the holdout's
+    choices just before the encoder trains on a holdout window, the optimiser steps; then the
+    final embeddings of every node and the collaborative block on them."""
+
+    def __init__(self, events, schema: SchemaConfig, enc_cfg: EncoderConfig, cfg: TrainConfig,
+                 texts, dev: torch.device, models: _Models, collab: CollaborativeFit,
+                 snap_dir: Path, fingerprint: str) -> None:
+        self.events, self.schema, self.enc_cfg, self.cfg = events, schema, enc_cfg, cfg
+        self.texts, self.dev, self.models, self.collab = texts, dev, models, collab
+        self.snap_dir, self.fp = snap_dir, fingerprint
+        self.plan, passes = _plan(events, cfg, collab.starts)
+        self.total = sum(len(p) - 1 for p in self.plan)
+        n = max(1, self.total)
+        self.lr = cosine(cfg.lr, cfg.lr * cfg.lr_end, n, warmup_steps=min(cfg.warmup_steps, n - 1))
+        self.mom = teacher_momentum(n, cfg.momentum)
+        self.watch = CollapseWatch(cfg.collapse_cosine)
+        self.item_codes = torch.tensor(sorted({schema.all_node_types.index(t)
+                                               for t in schema.item_node_types}), device=dev)
+        self.funnel = _funnel(schema, cfg)
+        self.start_chunk, self.step, self.metrics = 0, 0, {}
+        self.timing = {"wait_s": 0.0, "model_s": 0.0, "anchors": 0, "steps": 0, "passes": passes}
+        self.last_snapshot = 0.0
+
+    def resume(self) -> None:
+        """Continue from the run's snapshot, when one of the same data and configs exists."""
+        got = resume_mod.load(self.snap_dir, self.fp, self.models.modules(), self.models.opt)
         if got is not None:
-            start_chunk, step, metrics = got
-            collab.restore(metrics.pop(HOLDOUT_KEY, None))
-            watch.chunks = list(metrics.pop(CHUNKS_KEY, None) or [])
-            log.info("resuming at chunk %d, step %d of %d", start_chunk, step, steps)
-    logf = _open_log(cfg.log_path, step) if cfg.log_path else None
-    timing = {"wait_s": 0.0, "model_s": 0.0, "anchors": 0, "steps": 0, "passes": passes}
-    wall = last_snapshot = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="hirflow-train-") as tmp:
-        pipe = BatchPipeline(events, plan, Path(tmp) / "state", schema, cfg.teacher_view,
-                             cfg.student_view, enc_cfg.pack, a_index,
+            self.start_chunk, self.step, self.metrics = got
+            self.collab.restore(self.metrics.pop(HOLDOUT_KEY, None))
+            self.watch.chunks = list(self.metrics.pop(CHUNKS_KEY, None) or [])
+            log.info("resuming at chunk %d, step %d of %d", self.start_chunk, self.step, self.total)
+
+    def run(self, progress: bool) -> _Trained:
+        logf = _open_log(self.cfg.log_path, self.step) if self.cfg.log_path else None
+        wall = self.last_snapshot = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="hirflow-train-") as tmp:
+            pipe = self._pipeline(Path(tmp) / "state")
+            items = iter(pipe)
+            try:
+                with tqdm(total=self.total, initial=self.step, unit="step", disable=not progress,
+                          desc="train") as bar:
+                    self._steps(items, bar, logf)
+                trained = self._final(pipe)
+            finally:
+                if hasattr(items, "close"):
+                    items.close()                        # stops the sampling workers
+                if logf:
+                    logf.close()
+                self.timing["sample_s"] = pipe.sample_s
+                pipe.close()
+        self.timing["wall_s"] = time.perf_counter() - wall
+        return trained
+
+    def _pipeline(self, store_dir: Path) -> BatchPipeline:
+        cfg = self.cfg
+        return BatchPipeline(self.events, self.plan, store_dir, self.schema, cfg.teacher_view,
+                             cfg.student_view, self.enc_cfg.pack,
+                             {a: i for i, a in enumerate(sorted(self.schema.all_actions))},
                              cfg.negatives if cfg.objective == "bce" else 0, cfg.seed,
-                             texts=texts, workers=cfg.sample_workers, prefetch=cfg.prefetch,
-                             start_chunk=start_chunk, cold_share=cfg.cold_share,
+                             texts=self.texts, workers=cfg.sample_workers, prefetch=cfg.prefetch,
+                             start_chunk=self.start_chunk, cold_share=cfg.cold_share,
                              teacher_anchors=cfg.teacher_anchors,
                              sampled_negatives=cfg.sampled_negatives if cfg.objective == "softmax" else 0,
                              chunk_prefix=cfg.chunk_prefix)
-        bar = tqdm(total=steps, initial=step, unit="step", disable=not progress, desc="train")
-        items = iter(pipe)
-        try:
-            while True:
-                t = time.perf_counter()
-                item = next(items, None)                 # blocks only when sampling is behind
-                if item is None:
-                    break
-                if isinstance(item, ChunkDone):
-                    row = watch.close_chunk(item.chunk)
-                    if row is not None and logf:
-                        # keyed by the chunk's last step: a resumed run keeps it with that step
-                        logf.write(json.dumps({"chunk_health": row, "step": step - 1}, sort_keys=True) + "\n")
-                    if cfg.snapshot_chunks and (item.chunk + 1) % cfg.snapshot_chunks == 0 \
-                            and item.chunk + 1 < len(plan) \
-                            and time.perf_counter() - last_snapshot >= cfg.snapshot_every_s:
-                        resume_mod.save(snap_dir, fp, item.chunk + 1, step, modules, opt,
-                                        {**metrics, HOLDOUT_KEY: collab.snapshot(),
-                                         CHUNKS_KEY: watch.chunks})
-                        last_snapshot = time.perf_counter()
-                    continue
-                timing["wait_s"] += time.perf_counter() - t
-                if collab.due(item.cutoff):          # nothing from here on trained yet
-                    collab.choose(student, item.cutoff, texts, dev)
-                t = time.perf_counter()
-                m = _step(item, student, teacher, head, opt, funnel, cfg, dev, lr[step], mom[step],
-                          watch, item_codes)
-                timing["model_s"] += time.perf_counter() - t
-                timing["anchors"] += item.anchors
-                timing["steps"] += 1
-                m.update(step=step, chunk=item.chunk, cutoff=item.cutoff)
-                if logf:
-                    logf.write(json.dumps(m, sort_keys=True) + "\n")
-                metrics = m
-                step += 1
-                bar.update(1)
-            bar.close()
-            emb_nodes = sorted(pipe.seen)
-            final = pipe.final_sampler(cfg.student_view)
-            embs = embed(student, final, emb_nodes, events[-1].ts, enc_cfg, texts, dev)
-            collapse = watch.summary(health(_item_directions(embs, emb_nodes, schema, enc_cfg)))
-            if collapse["collapsed"]:
-                log.error("the encoder collapsed: item directions' mean cosine %.3f (threshold "
-                          "%.2f), effective rank %.1f; its part of the embedding is not served",
-                          collapse["mean_cosine"], cfg.collapse_cosine, collapse["effective_rank"])
-            block = collab.block(embs, emb_nodes, final, encoder_ok=not collapse["collapsed"])
-            served = embs if block is None else np.concatenate(
-                [embs, block_rows(block, final, emb_nodes, schema.action_codes())], axis=1)
-        finally:
-            if hasattr(items, "close"):
-                items.close()                            # stops the sampling workers
-            if logf:
-                logf.close()
-            timing["sample_s"] = pipe.sample_s
-            pipe.close()
-    timing["wall_s"] = time.perf_counter() - wall
-    if stats is not None:
-        stats.update(timing)
-    codes = np.asarray(schema.type_codes(emb_nodes), np.int64)
-    types, emb_t = torch.from_numpy(codes).to(dev), torch.from_numpy(embs).to(dev)
+
+    def _steps(self, items, bar, logf) -> None:
+        while True:
+            t = time.perf_counter()
+            item = next(items, None)                     # blocks only when sampling is behind
+            if item is None:
+                return
+            if isinstance(item, ChunkDone):
+                self._chunk_done(item.chunk, logf)
+                continue
+            self.timing["wait_s"] += time.perf_counter() - t
+            if self.collab.due(item.cutoff):             # nothing from here on trained yet
+                self.collab.choose(self.models.student, item.cutoff, self.texts, self.dev)
+            self._one_step(item, logf)
+            bar.update(1)
+
+    def _chunk_done(self, chunk: int, logf) -> None:
+        """The chunk's collapse row, and a resume snapshot when one is due."""
+        cfg = self.cfg
+        row = self.watch.close_chunk(chunk)
+        if row is not None and logf:
+            # keyed by the chunk's last step: a resumed run keeps it with that step
+            logf.write(json.dumps({"chunk_health": row, "step": self.step - 1}, sort_keys=True) + "\n")
+        if cfg.snapshot_chunks and (chunk + 1) % cfg.snapshot_chunks == 0 and chunk + 1 < len(self.plan) \
+                and time.perf_counter() - self.last_snapshot >= cfg.snapshot_every_s:
+            resume_mod.save(self.snap_dir, self.fp, chunk + 1, self.step, self.models.modules(),
+                            self.models.opt, {**self.metrics, HOLDOUT_KEY: self.collab.snapshot(),
+                                              CHUNKS_KEY: self.watch.chunks})
+            self.last_snapshot = time.perf_counter()
+
+    def _one_step(self, item: Prepared, logf) -> None:
+        m_ = self.models
+        t = time.perf_counter()
+        m = _step(item, m_.student, m_.teacher, m_.head, m_.opt, self.funnel, self.cfg, self.dev,
+                  self.lr[self.step], self.mom[self.step], self.watch, self.item_codes)
+        self.timing["model_s"] += time.perf_counter() - t
+        self.timing["anchors"] += item.anchors
+        self.timing["steps"] += 1
+        m.update(step=self.step, chunk=item.chunk, cutoff=item.cutoff)
+        if logf:
+            logf.write(json.dumps(m, sort_keys=True) + "\n")
+        self.metrics = m
+        self.step += 1
+
+    def _final(self, pipe: BatchPipeline) -> _Trained:
+        nodes = sorted(pipe.seen)
+        final = pipe.final_sampler(self.cfg.student_view)
+        embs = embed(self.models.student, final, nodes, self.events[-1].ts, self.enc_cfg, self.texts, self.dev)
+        collapse = self.watch.summary(health(_item_directions(embs, nodes, self.schema, self.enc_cfg)))
+        if collapse["collapsed"]:
+            log.error("the encoder collapsed: item directions' mean cosine %.3f (threshold "
+                      "%.2f), effective rank %.1f; its part of the embedding is not served",
+                      collapse["mean_cosine"], self.cfg.collapse_cosine, collapse["effective_rank"])
+        block = self.collab.block(embs, nodes, final, encoder_ok=not collapse["collapsed"])
+        served = embs if block is None else np.concatenate(
+            [embs, block_rows(block, final, nodes, self.schema.action_codes())], axis=1)
+        return _Trained(nodes, embs, served, block, collapse, self.metrics, self.step)
+
+
+def _fit_primitives(student: HierarchicalEncoder, embs: np.ndarray, codes: np.ndarray,
+                    enc_cfg: EncoderConfig, cfg: TrainConfig, dev: torch.device) -> None:
+    """Centre each node type (`cfg.centre_types`) and refit the primitive tree to the final
+    embeddings (`cfg.refit_prototypes`)."""
     if cfg.centre_types:
         _centre_types(student, embs, codes)
     if cfg.refit_prototypes:
         with torch.no_grad():
-            fit_to = student.centred(emb_t, types).cpu().numpy()
+            fit_to = student.centred(torch.from_numpy(embs).to(dev), torch.from_numpy(codes).to(dev)).cpu().numpy()
         fine = fit_tree(fit_to, enc_cfg.levels, cfg.seed)
         if fine is not None:
             with torch.no_grad():
                 student.prototypes.copy_(torch.from_numpy(fine).to(student.prototypes.device))
-    qcfg = _fitting_quantizer(cfg.quantizer, len(embs))
-    quant = BoMQuantizer(served.shape[1], qcfg).train(served)  # retrieval: what is served
-    metrics = dict(metrics)
+
+
+def _save(out_dir, trained: _Trained, models: _Models, codes: np.ndarray, enc_cfg: EncoderConfig,
+          cfg: TrainConfig, parent, init, events, dev: torch.device) -> Path:
+    """The BoM quantizer fitted on the served rows, then one checkpoint: weights, the block,
+    codebooks and the manifest."""
+    qcfg = _fitting_quantizer(cfg.quantizer, len(trained.embs))
+    quant = BoMQuantizer(trained.served.shape[1], qcfg).train(trained.served)  # retrieval: what is served
+    metrics = dict(trained.metrics)
     with torch.no_grad():
-        used = student.assign(emb_t, types).cpu().numpy()
+        used = models.student.assign(torch.from_numpy(trained.embs).to(dev),
+                                     torch.from_numpy(codes).to(dev)).cpu().numpy()
     metrics["primitives_used"] = [int(len(np.unique(used[:, i]))) for i in range(used.shape[1])]
-    metrics["reconstruction_error"] = quant.reconstruction_error(served)
-    weights = {f"encoder.{k}": v for k, v in student.state_dict().items()}
-    weights.update({f"head.{k}": v for k, v in head.state_dict().items()})
-    documents = None
+    metrics["reconstruction_error"] = quant.reconstruction_error(trained.served)
+    weights = {f"encoder.{k}": v for k, v in models.student.state_dict().items()}
+    weights.update({f"head.{k}": v for k, v in models.head.state_dict().items()})
+    block, documents = trained.block, None
     if block is not None:
         weights.update({k: torch.from_numpy(v) for k, v in block.weights().items()})
         documents = {collaborative.FILE: block.manifest()}
     manifest = {"parent": parent, "config": enc_cfg.to_dict(), "train": _manifest_train(cfg),
                 "init": init.id if init is not None else None,
                 "data_window": [int(events[0].ts), int(events[-1].ts)], "events": len(events),
-                "seed": cfg.seed, "steps": step, "quantizer": dataclasses.asdict(qcfg),
-                "collapse": collapse,
+                "seed": cfg.seed, "steps": trained.steps, "quantizer": dataclasses.asdict(qcfg),
+                "collapse": trained.collapse,
                 "metrics": {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
     if block is not None:
         manifest["collaborative"] = block.settings
-    path = ckpt.save(out_dir, weights, manifest, quant.codebooks_array(), documents)
-    shutil.rmtree(snap_dir, ignore_errors=True)          # the run is complete
-    return path
+    return ckpt.save(out_dir, weights, manifest, quant.codebooks_array(), documents)
 
 
 def _plan(events, cfg: TrainConfig, holdout_starts: Sequence[int] = ()) -> tuple[list, int]:
