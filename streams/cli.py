@@ -47,6 +47,16 @@ class Ctx:
         return cfg
 
 
+def config_flag(*decls: str, key: str, **kw):
+    """A command's flag that sets one config key (`--seed` sets `train.seed`): its value joins
+    the config overrides (above file and env) instead of the command's parameters."""
+    def store(ctx: click.Context, _param, value):
+        if value is not None:
+            ctx.find_object(Ctx).flags[key] = value
+    kw.setdefault("default", None)
+    return click.option(*decls, expose_value=False, callback=store, **kw)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="TOML or JSON config file (also HIRFLOW_CONFIG).")
@@ -336,51 +346,55 @@ def _text_encode(enabled: bool):
 @click.option("--entities", "entities_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Entity file (texts for world knowledge), e.g. entities.jsonl of `hirflow synth`.")
 @click.option("--cutoff", help="Use events up to this time (ms or YYYY-MM-DD; default: now).")
-@click.option("--train-share", type=float,
-              help="Share of the events, in time order, used for training (then 10% validation, "
-                   "the rest test) [train.train_share, 0.8].")
-@click.option("--fit-validation/--no-fit-validation", default=None,
-              help="Fit on the training and validation windows, everything before the test "
-                   "window (off: the training window only, to compare settings on validation) "
-                   "[train.fit_validation, on].")
-@click.option("--window", help="Only the data of this long before the cutoff, e.g. 14d "
-                               "[train.window, all].")
-@click.option("--every", help="Train periodically, e.g. 1h: each round takes the data up to now "
-                              "and continues the previous checkpoint (its parent) [train.every].")
-@click.option("--rounds", type=int, help="With --every: stop after this many rounds [train.rounds].")
-@click.option("--out", help="Checkpoints directory [train.out, var/checkpoints].")
+@config_flag("--train-share", key="train.train_share", type=float,
+             help="Share of the events, in time order, used for training (then 10% validation, "
+                  "the rest test) [train.train_share, 0.8].")
+@config_flag("--fit-validation/--no-fit-validation", key="train.fit_validation",
+             help="Fit on the training and validation windows, everything before the test "
+                  "window (off: the training window only, to compare settings on validation) "
+                  "[train.fit_validation, on].")
+@config_flag("--window", key="train.window",
+             help="Only the data of this long before the cutoff, e.g. 14d [train.window, all].")
+@config_flag("--every", key="train.every",
+             help="Train periodically, e.g. 1h: each round takes the data up to now and continues "
+                  "the previous checkpoint (its parent) [train.every].")
+@config_flag("--rounds", key="train.rounds", type=int,
+             help="With --every: stop after this many rounds [train.rounds].")
+@config_flag("--out", key="train.out", help="Checkpoints directory [train.out, var/checkpoints].")
 @click.option("--init", "init_path", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Start from this checkpoint's weights; it becomes the parent.")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run of the same data in --out.")
-@click.option("--levels", help="Prototypes per level of a new model, coarse to fine, e.g. 4,16,64 "
-                               "[encoder.levels, 16,128,1024].")
-@click.option("--seed", type=int, help="Training seed [train.seed, 0].")
-@click.option("--steps-per-chunk", type=int,
-              help="Most steps per pass over a 24 h chunk [train.steps_per_chunk, as many as "
-                   "its events fill].")
-@click.option("--objective", type=click.Choice(["softmax", "bce"]),
-              help="softmax: in-batch sampled softmax over each batch's items (retrieval); bce: "
-                   "DistMult engagement prediction against sampled negatives [train.objective, softmax].")
-@click.option("--passes", type=int, help="Shuffled passes over each chunk's events [train.passes, 1].")
-@click.option("--min-steps", type=int,
-              help="More passes for a small data set, to at least this many steps; 0: off "
-                   "[train.min_steps, 1000].")
-@click.option("--centre-types/--no-centre-types", default=None,
-              help="Fit and assign primitives to embeddings less their node type's mean (a "
-                   "hierarchy by interest, not by type); retrieval keeps the plain embedding "
-                   "[train.centre_types, on].")
-@click.option("--sample-workers", type=int,
-              help="Threads sampling views ahead of the model, 0: inline [train.sample_workers, 1].")
-@click.option("--knowledge/--no-knowledge", default=None,
-              help="Use entity texts (MiniLM world knowledge), as the worker does [train.knowledge, on].")
-@click.option("--announce/--no-announce", default=None,
-              help="Announce each checkpoint on hirflow.checkpoints when it is complete "
-                   "[train.announce, on].")
+@config_flag("--levels", key="encoder.levels",
+             help="Prototypes per level of a new model, coarse to fine, e.g. 4,16,64 "
+                  "[encoder.levels, 16,128,1024].")
+@config_flag("--seed", key="train.seed", type=int, help="Training seed [train.seed, 0].")
+@config_flag("--steps-per-chunk", key="train.steps_per_chunk", type=int,
+             help="Most steps per pass over a 24 h chunk [train.steps_per_chunk, as many as "
+                  "its events fill].")
+@config_flag("--objective", key="train.objective", type=click.Choice(["softmax", "bce"]),
+             help="softmax: in-batch sampled softmax over each batch's items (retrieval); bce: "
+                  "DistMult engagement prediction against sampled negatives "
+                  "[train.objective, softmax].")
+@config_flag("--passes", key="train.passes", type=int,
+             help="Shuffled passes over each chunk's events [train.passes, 1].")
+@config_flag("--min-steps", key="train.min_steps", type=int,
+             help="More passes for a small data set, to at least this many steps; 0: off "
+                  "[train.min_steps, 1000].")
+@config_flag("--centre-types/--no-centre-types", key="train.centre_types",
+             help="Fit and assign primitives to embeddings less their node type's mean (a "
+                  "hierarchy by interest, not by type); retrieval keeps the plain embedding "
+                  "[train.centre_types, on].")
+@config_flag("--sample-workers", key="train.sample_workers", type=int,
+             help="Threads sampling views ahead of the model, 0: inline [train.sample_workers, 1].")
+@config_flag("--knowledge/--no-knowledge", key="train.knowledge",
+             help="Use entity texts (MiniLM world knowledge), as the worker does "
+                  "[train.knowledge, on].")
+@config_flag("--announce/--no-announce", key="train.announce",
+             help="Announce each checkpoint on hirflow.checkpoints when it is complete "
+                  "[train.announce, on].")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.pass_obj
-def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, fit_validation, window,
-          every, rounds, out, init_path, resume, levels, seed, steps_per_chunk, objective, passes,
-          min_steps, centre_types, sample_workers, knowledge, announce, progress):
+def train(obj: Ctx, input_path, fmt, entities_path, cutoff, init_path, resume, progress):
     """Train a checkpoint on the data before its test window (strict time cutoff), once or
     periodically (--every). Settings come from the [train], [encoder] and [quantizer] config
     sections; each flag overrides the key named in brackets."""
@@ -391,15 +405,7 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, train_share, fit_val
     from hirflow.trainer.resume import ResumeError
     from hirflow.trainer.runs import parse_duration, run_every, run_once
     from hirflow.trainer.train import NonFiniteLoss
-    cfg = obj.config(**{"train.train_share": train_share, "train.fit_validation": fit_validation,
-                        "train.window": window,
-                        "train.every": every, "train.rounds": rounds, "train.out": out,
-                        "encoder.levels": levels, "train.seed": seed,
-                        "train.steps_per_chunk": steps_per_chunk, "train.objective": objective,
-                        "train.passes": passes, "train.min_steps": min_steps,
-                        "train.centre_types": centre_types,
-                        "train.sample_workers": sample_workers, "train.knowledge": knowledge,
-                        "train.announce": announce})
+    cfg = obj.config()
     tc = cfg.train
     out = Path(tc.out)
     try:
