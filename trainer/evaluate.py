@@ -150,12 +150,7 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model, block, ck = load_served(path)
-    fitted = ck.manifest.get("data_window")
-    if fitted and fitted[1] >= windows.val_end:
-        raise TrainedOnTestWindow(
-            f"{path}: the model was fitted on events up to {fitted[1]}, inside the test window "
-            f"(from {windows.val_end}): its test figures would score what it was trained on; "
-            "train with a cutoff before the test window")
+    _refuse_trained_on_test(path, ck, windows)
     events = sorted(events, key=lambda e: e.ts)
     before = [e for e in events if e.ts < windows.val_end]
     test = [e for e in events if e.ts >= windows.val_end]
@@ -164,13 +159,7 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     cold = sorted({e.dst for e in test if e.dst not in known and node_type(e.dst) in kinds
                    and e.dst in (later_texts or {})})
     t = time.perf_counter()
-    acts = positive_actions(schema)
-    # sessions first seen in a window are judged from their first half there: the state and
-    # the tasks hold it (`ranking.session_prefixes`)
-    prefix = {"val": [], "test": []}
-    if schema.session_users:
-        prefix = {"val": session_prefixes(before, windows.train_end, windows.val_end, acts, schema.user_type),
-                  "test": session_prefixes(events, windows.val_end, windows.end + 1, acts, schema.user_type)}
+    prefix = _session_prefixes(events, before, windows, schema)
     cutoff = (max(e.ts for e in prefix["test"]) if prefix["test"] else windows.val_end - 1)
     index, emb, cold_emb = state_embeddings(model, before + prefix["test"], schema, cutoff, texts,
                                             cold, later_texts, block)
@@ -182,31 +171,11 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     per_user: dict = {}            # task -> its users and each method's Recall@20 (PER_USER)
     for name, acts in (("next_engagement", positive_actions(schema)),
                        ("deep_funnel", deep_funnel_actions(schema))):
-        if not acts:
-            continue
-        val_task = ranking_task(before, windows.train_end, windows.val_end, acts, kinds, schema.user_type,
-                                [e for e in prefix["val"] if e.action in acts])
-        test_task = ranking_task(events, windows.val_end, windows.end + 1, acts, kinds, schema.user_type,
-                                 [e for e in prefix["test"] if e.action in acts])
-        if test_task.n_eval == 0:
-            metrics[name] = {"users": 0}
-            continue
-        u = emb[[index[test_task.users[i]] for i in test_task.eval_users]]
-        v = emb[[index[x] for x in test_task.items]]
-        scores = u @ v.T                                                  # the served inner product
-        d = model.cfg.d_emb
-        # each part of the served vector alone: what it adds (diagnostics, not baselines)
-        parts = {"hirflow_encoder": u[:, :d] @ v[:, :d].T}
-        if block is not None and block.user_norm != 0:      # 0: the encoder alone is served
-            parts["hirflow_block"] = u[:, d:] @ v[:, d:].T
-        per_user[name] = {}
-        metrics[name] = compare(scores, test_task, val_task, baselines if val_task.n_eval else (), ks,
-                                per_user[name], parts)
-    with torch.no_grad():
-        nodes = sorted(index, key=index.get)
-        # the hierarchy lives in the encoder's coordinates, the first d_emb
-        assign = model.assign(torch.from_numpy(emb[:, :model.cfg.d_emb].copy()).to(model.device),
-                              torch.tensor(schema.type_codes(nodes), device=model.device)).cpu().numpy()
+        if acts:
+            metrics[name] = _ranking(events, before, windows, schema, acts, prefix, index, emb,
+                                     model.cfg.d_emb, block, baselines, ks, per_user, name)
+    nodes = sorted(index, key=index.get)
+    assign = _assignments(model, emb, nodes, schema)
     items = [n for n in nodes if node_type(n) in kinds]
     metrics["cold_start"] = _cold_start(emb, index, items, cold, cold_emb, before, test, ks)
     if labels:
@@ -218,6 +187,57 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
     (out / PER_USER).write_text(json.dumps(per_user))
     _plot(metrics, out / "recall.png")
     return metrics
+
+
+def _refuse_trained_on_test(path, ck, windows: Windows) -> None:
+    fitted = ck.manifest.get("data_window")
+    if fitted and fitted[1] >= windows.val_end:
+        raise TrainedOnTestWindow(
+            f"{path}: the model was fitted on events up to {fitted[1]}, inside the test window "
+            f"(from {windows.val_end}): its test figures would score what it was trained on; "
+            "train with a cutoff before the test window")
+
+
+def _session_prefixes(events, before, windows: Windows, schema: SchemaConfig) -> dict[str, list]:
+    """Sessions first seen in a window are judged from their first half there: the state and
+    the tasks hold it (`ranking.session_prefixes`); none where users are not sessions."""
+    if not schema.session_users:
+        return {"val": [], "test": []}
+    acts = positive_actions(schema)
+    return {"val": session_prefixes(before, windows.train_end, windows.val_end, acts, schema.user_type),
+            "test": session_prefixes(events, windows.val_end, windows.end + 1, acts, schema.user_type)}
+
+
+def _ranking(events, before, windows: Windows, schema: SchemaConfig, acts, prefix, index, emb,
+             d: int, block, baselines, ks, per_user: dict, name: str) -> dict:
+    """One ranking task on the test window (its baselines tuned on the validation window):
+    the served inner product, each part of the served vector alone, and the baselines; each
+    user's figures go to `per_user[name]`."""
+    kinds = item_types(schema)
+    val_task = ranking_task(before, windows.train_end, windows.val_end, acts, kinds, schema.user_type,
+                            [e for e in prefix["val"] if e.action in acts])
+    test_task = ranking_task(events, windows.val_end, windows.end + 1, acts, kinds, schema.user_type,
+                             [e for e in prefix["test"] if e.action in acts])
+    if test_task.n_eval == 0:
+        return {"users": 0}
+    u = emb[[index[test_task.users[i]] for i in test_task.eval_users]]
+    v = emb[[index[x] for x in test_task.items]]
+    scores = u @ v.T                                                  # the served inner product
+    # each part of the served vector alone: what it adds (diagnostics, not baselines)
+    parts = {"hirflow_encoder": u[:, :d] @ v[:, :d].T}
+    if block is not None and block.user_norm != 0:      # 0: the encoder alone is served
+        parts["hirflow_block"] = u[:, d:] @ v[:, d:].T
+    per_user[name] = {}
+    return compare(scores, test_task, val_task, baselines if val_task.n_eval else (), ks,
+                   per_user[name], parts)
+
+
+def _assignments(model, emb: np.ndarray, nodes: list[str], schema: SchemaConfig) -> np.ndarray:
+    """Every node's primitive at each level; the hierarchy lives in the encoder's coordinates,
+    the first d_emb."""
+    with torch.no_grad():
+        return model.assign(torch.from_numpy(emb[:, :model.cfg.d_emb].copy()).to(model.device),
+                            torch.tensor(schema.type_codes(nodes), device=model.device)).cpu().numpy()
 
 
 def _usage_entropy(assign: np.ndarray, levels: Sequence[int]) -> dict:
