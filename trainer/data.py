@@ -44,13 +44,7 @@ def read_topic(conf: dict, topic: str, validator: Validator, cutoff_ms: int,
                   "enable.auto.commit": False, "auto.offset.reset": "earliest",
                   "enable.partition.eof": False})
     try:
-        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
-        tps = [TopicPartition(topic, p, start_ms if start_ms is not None else OFFSET_BEGINNING)
-               for p in parts]
-        if start_ms is not None:
-            tps = [tp if tp.offset >= 0 else TopicPartition(topic, tp.partition, OFFSET_BEGINNING)
-                   for tp in c.offsets_for_times(tps, timeout=10)]
-        c.assign(tps)
+        parts = _assign_from(c, topic, start_ms)
         open_parts = set(parts)
         last_seen = {p: time.monotonic() for p in parts}
         counts = dict(records=0, used=0, after_cutoff=0, before_start=0, invalid=0)
@@ -85,17 +79,36 @@ def read_topic(conf: dict, topic: str, validator: Validator, cutoff_ms: int,
                 else:
                     counts["used"] += 1
                     yield ev
-            for p in list(open_parts):                 # idle and at the (hinted) end
-                if now - last_seen[p] >= idle_s:
-                    pos = c.position([TopicPartition(topic, p)])[0].offset
-                    _, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
-                    if pos < 0 or pos >= high:
-                        open_parts.discard(p)
+            open_parts -= _idle_at_end(c, topic, [p for p in open_parts if now - last_seen[p] >= idle_s])
         if stats_out is not None:
             stats_out.append(ReadStats(**counts))
         log.info("read %s up to %d: %s", topic, cutoff_ms, counts)
     finally:
         c.close()
+
+
+def _assign_from(c: Consumer, topic: str, start_ms: int | None) -> list[int]:
+    """Assign every partition of `topic` from its first record at or after `start_ms` (from
+    its beginning when None, or when no record is that late); -> the partitions."""
+    parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+    tps = [TopicPartition(topic, p, start_ms if start_ms is not None else OFFSET_BEGINNING)
+           for p in parts]
+    if start_ms is not None:
+        tps = [tp if tp.offset >= 0 else TopicPartition(topic, tp.partition, OFFSET_BEGINNING)
+               for tp in c.offsets_for_times(tps, timeout=10)]
+    c.assign(tps)
+    return parts
+
+
+def _idle_at_end(c: Consumer, topic: str, idle: list[int]) -> set[int]:
+    """Of the idle partitions, those read to their high watermark (the hinted end)."""
+    done = set()
+    for p in idle:
+        pos = c.position([TopicPartition(topic, p)])[0].offset
+        _, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+        if pos < 0 or pos >= high:
+            done.add(p)
+    return done
 
 
 @dataclass(frozen=True)
