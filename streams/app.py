@@ -43,8 +43,21 @@ def _credentials(client: dict[str, str]):
 
 
 def build_app(cfg: HirflowConfig, runtime: WorkerRuntime) -> faust.App:
+    app = _faust_app(cfg)
+    app.service(_ingest_service(app, runtime))
+    knowledge.register(app, runtime)
+    web.register(app, runtime)
+
+    @app.timer(cfg.worker.metrics_interval_s)
+    async def gauges() -> None:
+        runtime.update_gauges()
+
+    return app
+
+
+def _faust_app(cfg: HirflowConfig) -> faust.App:
     w, k = cfg.worker, cfg.kafka
-    app = faust.App(
+    return faust.App(
         # own group per worker: each reads every entity partition. With a change log the
         # group is per worker set too: a worker that gained partitions reads the entities
         # again from the start, keeping what is newer than the restored offsets
@@ -62,6 +75,11 @@ def build_app(cfg: HirflowConfig, runtime: WorkerRuntime) -> faust.App:
         broker_heartbeat_interval=max(0.5, k.session_timeout_ms / 6000),
         consumer_auto_offset_reset="earliest",
     )
+
+
+def _ingest_service(app: faust.App, runtime: WorkerRuntime) -> type[mode.Service]:
+    """The service that runs the ingest and refresh threads for the app's lifetime and stops
+    the worker when either fails or a new plan asks for a restart."""
 
     class IngestService(mode.Service):
         """Runs the confluent-kafka ingest loop in a thread for the app's lifetime."""
@@ -95,12 +113,4 @@ def build_app(cfg: HirflowConfig, runtime: WorkerRuntime) -> faust.App:
                     return
                 await self.sleep(1.0)
 
-    app.service(IngestService)
-    knowledge.register(app, runtime)
-    web.register(app, runtime)
-
-    @app.timer(w.metrics_interval_s)
-    async def gauges() -> None:
-        runtime.update_gauges()
-
-    return app
+    return IngestService
