@@ -222,6 +222,33 @@ def _summary(api: str, world: SynthWorld, watch: FreshnessWatch, workdir: Path, 
           f"hirflow --state {workdir / 'state'} state --node {user}")
 
 
+def _follow(worker: WorkerProcess, metrics: str, api: str, watch: FreshnessWatch,
+            first: FirstCheckpoint, done: threading.Event, duration: float | None) -> float | None:
+    """A progress line every 2 s while the stream runs (events applied, freshness, dirty and
+    indexed nodes, the serving model, the first checkpoint's state); -> the events applied,
+    None when the worker exited."""
+    t0, last_n, last_t = time.monotonic(), 0.0, time.monotonic()
+    applied = 0.0
+    while not done.is_set() and (duration is None or time.monotonic() - t0 < duration):
+        time.sleep(2)
+        first.poll()
+        if worker.proc.poll() is not None:
+            return None
+        try:
+            m = scrape(metrics)
+        except OSError as exc:
+            print(f"metrics unavailable: {exc}")
+            continue
+        applied = m.get("hirflow_events_applied_total", 0.0)
+        now = time.monotonic()
+        print(f"[{now - t0:4.0f}s] {applied:>8,.0f} events {(applied - last_n) / (now - last_t):6,.0f}/s"
+              f" | fresh {WINDOW_S:.0f}s {watch.window(WINDOW_S)} | since start {watch.since_start()}"
+              f" | dirty {m.get('hirflow_dirty_nodes', 0):5.0f} | nodes {m.get('hirflow_index_nodes', 0):5.0f}"
+              f" | {_model(api)} | {first.status}", flush=True)
+        last_n, last_t = applied, now
+    return applied
+
+
 def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
              duration: float | None, log_level: str = "WARNING", train_after: float = 20.0) -> int:
     """Stream, serve, train and report; returns the exit status."""
@@ -255,26 +282,11 @@ def run_demo(cfg: HirflowConfig, workdir: Path, events: int, rate: float,
             print(f"streaming {events:,} synthetic events at {rate:,.0f}/s; freshness = event -> "
                   f"token change received, endpoint changes, p50/p99 ms over the last "
                   f"{WINDOW_S:.0f} s and since start")
-            t0_wall, t0, last_n, last_t = time.time(), time.monotonic(), 0.0, time.monotonic()
-            applied = 0.0
-            while not done.is_set() and (duration is None or time.monotonic() - t0 < duration):
-                time.sleep(2)
-                first.poll()
-                if worker.proc.poll() is not None:
-                    print(f"worker exited with {worker.proc.returncode}; see {workdir / 'worker.log'}")
-                    return 1
-                try:
-                    m = scrape(metrics)
-                except OSError as exc:
-                    print(f"metrics unavailable: {exc}")
-                    continue
-                applied = m.get("hirflow_events_applied_total", 0.0)
-                now = time.monotonic()
-                print(f"[{now - t0:4.0f}s] {applied:>8,.0f} events {(applied - last_n) / (now - last_t):6,.0f}/s"
-                      f" | fresh {WINDOW_S:.0f}s {watch.window(WINDOW_S)} | since start {watch.since_start()}"
-                      f" | dirty {m.get('hirflow_dirty_nodes', 0):5.0f} | nodes {m.get('hirflow_index_nodes', 0):5.0f}"
-                      f" | {_model(api)} | {first.status}", flush=True)
-                last_n, last_t = applied, now
+            t0_wall = time.time()
+            applied = _follow(worker, metrics, api, watch, first, done, duration)
+            if applied is None:
+                print(f"worker exited with {worker.proc.returncode}; see {workdir / 'worker.log'}")
+                return 1
             stream_end = time.time()
             if first.running or first.announced is not None:
                 _await_first(first, api)
