@@ -134,8 +134,14 @@ def freshness_value(model: HierarchicalEncoder, events: Sequence[Engagement], sc
             if progress is not None:
                 progress(n_day + 1, len(by_day))
         store.close()
-    out = {"queries": len(qs), "items": len(items), "k": k, "recall": {}}
-    fresh = np.array(recalls[next(iter(staleness))])
+    return _summary(recalls, next(iter(staleness)), len(qs), len(items), k)
+
+
+def _summary(recalls: dict[str, list[float]], fresh_name: str, n_queries: int, n_items: int,
+             k: int) -> dict:
+    """Each staleness's mean Recall@k with its interval, and its paired ratio to the fresh one."""
+    out = {"queries": n_queries, "items": n_items, "k": k, "recall": {}}
+    fresh = np.array(recalls[fresh_name])
     for name, v in recalls.items():
         arr = np.array(v)
         lo_ci, hi_ci = bootstrap_ci(arr)
