@@ -8,6 +8,7 @@ from hirflow.state.config import load_config
 from hirflow.state.graph import GraphConfig
 from hirflow.state.schema import SchemaConfig
 from hirflow.trainer.block_config import CollaborativeConfig
+from hirflow.trainer.train_settings import TrainSettings
 
 
 @dataclass(frozen=True)
@@ -131,11 +132,10 @@ class RefreshConfig:
             raise ValueError(f"refresh.device must be auto, cpu or cuda, got {self.device!r}")
 
 
-OBJECTIVES = ("softmax", "bce")
-
-
 @dataclass(frozen=True)
-class TrainSection:
+class TrainSection(TrainSettings):
+    """`hirflow train`: the run (what, where, how often) beside the training settings it
+    inherits from the trainer's `TrainSettings`."""
     out: str = "var/checkpoints"        # where checkpoints are written (then announced)
     train_share: float = 0.8            # share of events, in time order, to train on; then
                                         # 10% validation, the rest test
@@ -146,31 +146,17 @@ class TrainSection:
     every: str = ""                     # train periodically, e.g. 1h, each round continuing
                                         # the previous checkpoint ("": once)
     rounds: int | None = None           # with `every`: stop after this many rounds (unset: never)
-    seed: int = 0                       # same data, config and seed give the same checkpoint
-    steps_per_chunk: int | None = None  # most optimiser steps per pass over a 24 h chunk
-                                        # (unset: as many as its events fill)
-    objective: str = "softmax"          # softmax: in-batch sampled softmax over each batch's
-                                        # items (retrieval); bce: DistMult vs sampled negatives
-    passes: int = 1                     # shuffled passes over each chunk's events
-    min_steps: int = 1000               # more passes for a small data set, to at least this
-                                        # many steps (not when steps_per_chunk caps the run)
-    centre_types: bool = True           # fit primitives to embeddings less their type's mean
-    sample_workers: int = 1             # threads sampling views ahead of the model (0: inline)
     knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
     announce: bool = True               # announce each complete checkpoint on hirflow.checkpoints
     collaborative: CollaborativeConfig = field(default_factory=CollaborativeConfig)   # the
                                         # served embedding's collaborative block
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 < self.train_share < 1:
-            raise ValueError(f"train.train_share must be in (0, 1), got {self.train_share}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"train.objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.passes < 1 or self.sample_workers < 0 or self.min_steps < 0 \
-                or (self.rounds is not None and self.rounds < 1) \
-                or (self.steps_per_chunk is not None and self.steps_per_chunk < 1):
-            raise ValueError("train.passes, rounds and steps_per_chunk must be >= 1, min_steps >= 0, "
-                             "sample_workers >= 0")
+            raise ValueError(f"train_share must be in (0, 1), got {self.train_share}")
+        if self.rounds is not None and self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1 or unset, got {self.rounds}")
 
 
 @dataclass(frozen=True)

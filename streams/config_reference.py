@@ -21,9 +21,17 @@ _COMMENT = re.compile(r"^\s+#\s?(.*)$")
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """Field name -> the comment written beside it (continuation comment lines joined)."""
+    """Field name -> the comment written beside it (continuation comment lines joined), from
+    the class that declares the field (a section may inherit fields: `train` the trainer's)."""
     out: dict[str, str] = {}
-    names = {f.name for f in dataclasses.fields(cls)}
+    for owner in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        out.update(_own_comments(owner))
+    return out
+
+
+def _own_comments(cls: type) -> dict[str, str]:
+    out: dict[str, str] = {}
+    names = set(cls.__dict__.get("__annotations__", {}))
     current = None
     for line in inspect.getsource(cls).splitlines()[1:]:
         m = _FIELD.match(line)

@@ -1,8 +1,8 @@
 """The [train], [encoder] and [quantizer] config sections -> the trainer's run options.
 
 `[train.collaborative]` and `[quantizer]` are the trainer's and the encoder's own config
-classes, handed over as they are. The rest of `[train]` holds what a user or the chart's
-CronJob sets; the trainer's `TrainConfig` also holds the research knobs (learning rate,
+classes, handed over as they are; `[train]`'s training keys are the trainer's
+`TrainSettings`, which `TrainConfig` extends with the research knobs (learning rate,
 temperatures, loss weights) that keep their defaults here."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import dataclasses
 from hirflow.streams.config import HirflowConfig
 from hirflow.trainer.runs import RunOptions, parse_duration
 from hirflow.trainer.train import TrainConfig
+from hirflow.trainer.train_settings import TrainSettings
 
-# the [train] keys that are TrainConfig fields of the same name
-TRAIN_FIELDS = ("seed", "steps_per_chunk", "objective", "passes", "min_steps", "centre_types",
-                "sample_workers")
+# the [train] keys that are TrainConfig's too: the fields of their common TrainSettings
+TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainSettings))
 
 
 def run_options(cfg: HirflowConfig, resume: bool = False, log_path: str | None = None) -> RunOptions:

@@ -51,6 +51,7 @@ from hirflow.trainer.collaborative_fit import CollaborativeFit
 from hirflow.trainer.embedding import block_rows, embed
 from hirflow.trainer.pipeline import BatchPipeline, ChunkDone, Prepared, chunk_plan
 from hirflow.trainer.schedules import cosine, teacher_momentum
+from hirflow.trainer.train_settings import TrainSettings
 
 log = logging.getLogger(__name__)
 HOLDOUT_KEY = "collaborative_holdout"    # the block's holdout windows and choice, in resume snapshots
@@ -62,13 +63,12 @@ class NonFiniteLoss(RuntimeError):
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    seed: int = 0
+class TrainConfig(TrainSettings):
+    """`TrainSettings` (seed, steps per chunk, objective, passes, min steps, type centring,
+    sampling threads: what `[train]` sets) and the research knobs, which keep their defaults
+    in a configured run."""
     chunk_hours: float = 24.0        # time chunk: shuffles never cross one
     batch_edges: int = 256           # engagements per step
-    steps_per_chunk: int | None = None   # None: every event of a chunk is used each pass
-    objective: str = "softmax"       # "softmax": in-batch sampled softmax (two-tower retrieval)
-                                     # with logQ correction; "bce": DistMult + typed negatives
     softmax_temperature: float = 0.05
     logq: bool = True                # correct the sampled softmax for how often items are sampled
     sampled_negatives: int = 64      # "softmax": items drawn per step uniformly from every item
@@ -100,34 +100,25 @@ class TrainConfig:
     # many (the latest): what a worker's view holds at that moment (0: the chunk-start state)
     chunk_prefix: int = 8
     negatives: int = 2               # "bce" only: per positive, same node type as the true dst
-    passes: int = 1                  # shuffled passes over each chunk's events
-    min_steps: int = 1000            # a small data set gets more passes, to at least this many
-                                     # steps (unless steps_per_chunk caps the run); 0:
-                                     # `passes` only
     cold_share: float = 0.2          # student views reduced to the anchor alone (cold-start drill)
     refit_prototypes: bool = True    # fit the primitive tree to the final embeddings (k-means)
-    centre_types: bool = True        # fit primitives to embeddings less their type's mean
     teacher_view: ViewConfig = TEACHER
     student_view: ViewConfig = STUDENT
     quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
     # the served embedding's collaborative coordinates (low-rank EASE^R; rank 0: none)
     collaborative: CollaborativeConfig = field(default_factory=CollaborativeConfig)
     log_path: str | None = None      # JSON lines, one per step
-    sample_workers: int = 1          # threads sampling + packing ahead of the model (0: inline)
     prefetch: int = 4                # batches they may run ahead
     snapshot_chunks: int = 1         # resume snapshot at most every this many chunks (0: never) ...
     snapshot_every_s: float = 120.0  # ... and no sooner than this after the last one: a year of
                                      # daily chunks would otherwise write ~300 snapshots
 
     def __post_init__(self) -> None:
-        if self.batch_edges < 1 or (self.steps_per_chunk is not None and self.steps_per_chunk < 1) \
-                or self.chunk_hours <= 0 or self.passes < 1 or self.min_steps < 0:
-            raise ValueError("batch_edges, steps_per_chunk, passes and chunk_hours must be positive, "
-                             "min_steps >= 0")
+        super().__post_init__()
+        if self.batch_edges < 1 or self.chunk_hours <= 0:
+            raise ValueError("batch_edges and chunk_hours must be positive")
         if self.sampled_negatives < 0 or not 0 < self.collapse_cosine <= 1:
             raise ValueError("sampled_negatives must be >= 0 and collapse_cosine in (0, 1]")
-        if self.objective not in ("softmax", "bce"):
-            raise ValueError(f"objective must be 'softmax' or 'bce', got {self.objective!r}")
         if not 0.0 <= self.cold_share < 1.0:
             raise ValueError(f"cold_share must be in [0, 1), got {self.cold_share}")
 
