@@ -25,21 +25,18 @@ from torch import nn
 from hirflow.encoder import attention as A
 from hirflow.encoder.batching import PackConfig, PackedBatch
 from hirflow.encoder.features import NodeFeatures
+from hirflow.encoder.shape import EncoderShape
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.views import N_STATS
 
 
 @dataclass(frozen=True)
-class EncoderConfig:
+class EncoderConfig(EncoderShape):
+    """The model's `EncoderShape` (levels and widths: what `[encoder]` sets) and what the
+    schema decides, the features read and the packing."""
     n_types: int = 6                # from the schema (see `for_schema`)
     n_actions: int = 9
-    d_model: int = 64               # small: CPU inference must reach thousands of nodes/s
-    n_heads: int = 4
-    n_layers: int = 2
-    d_ff: int = 128
-    d_emb: int = 64                 # output embedding (and prototype) dimension
     dhe_hidden: int = 128
-    levels: tuple[int, ...] = (16, 128, 1024)   # prototypes per level, coarse to fine
     temperature: float = 0.1        # assignment softmax temperature (cosine logits / T)
     n_stats: int = N_STATS          # behavioural stats read per token (`state.views.N_STATS`)
     score_bias: bool = False        # last coordinate: 1 for query types, a learned bias for the
@@ -50,10 +47,7 @@ class EncoderConfig:
     pack: PackConfig = field(default_factory=PackConfig)
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
-        if list(self.levels) != sorted(self.levels) or len(self.levels) < 1:
-            raise ValueError(f"levels must be increasing (coarse to fine), got {self.levels}")
+        super().__post_init__()
         if self.score_bias and not self.query_types:
             raise ValueError("score_bias needs the query side's types (query_types): with none, "
                              "a user's bias would multiply an item's instead of adding to it")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hirflow.encoder.quantizer_config import QuantizerConfig
+from hirflow.encoder.shape import EncoderShape
 from hirflow.state.config import load_config
 from hirflow.state.graph import GraphConfig
 from hirflow.state.schema import SchemaConfig
@@ -160,23 +161,6 @@ class TrainSection(TrainSettings):
 
 
 @dataclass(frozen=True)
-class EncoderSection:
-    """The shape of a new model; a run that continues a checkpoint keeps its parent's."""
-    levels: tuple[int, ...] = (16, 128, 1024)   # prototypes per level, coarse to fine
-    d_model: int = 64                   # transformer width (CPU serving: thousands of nodes/s)
-    n_heads: int = 4                    # attention heads (d_model must divide by it)
-    n_layers: int = 2                   # transformer layers
-    d_ff: int = 128                     # feed-forward width
-    d_emb: int = 64                     # output embedding and prototype dimension
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"encoder.d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
-        if list(self.levels) != sorted(self.levels) or not self.levels or min(self.levels) < 1:
-            raise ValueError(f"encoder.levels must be increasing and positive, got {self.levels}")
-
-
-@dataclass(frozen=True)
 class HirflowConfig:
     schema: SchemaConfig = field(default_factory=SchemaConfig)
     graph: GraphConfig = field(default_factory=GraphConfig)
@@ -185,7 +169,7 @@ class HirflowConfig:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     refresh: RefreshConfig = field(default_factory=RefreshConfig)
     train: TrainSection = field(default_factory=TrainSection)
-    encoder: EncoderSection = field(default_factory=EncoderSection)
+    encoder: EncoderShape = field(default_factory=EncoderShape)
     quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
 
 

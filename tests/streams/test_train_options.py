@@ -1,28 +1,22 @@
 """The [train], [train.collaborative], [encoder] and [quantizer] sections: the same precedence
-and key checks as the worker's sections, the CLI flags on top, and the trainer's own defaults
-where [train] and [encoder] name a trainer field."""
-import dataclasses
-
+and key checks as the worker's sections, the CLI flags on top, and the run options the trainer
+gets from them."""
 import pytest
 from hypothesis import given, strategies as st
 from click.testing import CliRunner
 
 from hirflow.trainer.block_config import CollaborativeConfig
-from hirflow.encoder.model import EncoderConfig
 from hirflow.state.config import ConfigError
 from hirflow.streams.cli import cli
-from hirflow.streams.config import EncoderSection, TrainSection, load
+from hirflow.streams.config import TrainSection, load
 from hirflow.streams.train_options import run_options
 from hirflow.trainer.runs import RunOptions
 
 
-def test_section_defaults_are_the_trainers_defaults():
+def test_run_defaults_are_the_trainers_run_defaults():
     section = TrainSection()
     assert section.train_share == RunOptions().train_share and section.knowledge == RunOptions().knowledge
     assert section.fit_validation == RunOptions().fit_validation
-    enc = EncoderConfig()
-    for f in dataclasses.fields(EncoderSection):
-        assert getattr(EncoderSection(), f.name) == getattr(enc, f.name), f.name
 
 
 def test_file_then_env_then_flags(tmp_path):
