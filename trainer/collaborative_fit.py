@@ -49,6 +49,30 @@ log = logging.getLogger(__name__)
 DEFAULT_WEIGHT = 0.5     # when the run never reached a usable holdout (a window of one chunk)
 
 
+def holdout_starts(data: Interactions, cfg: CollaborativeConfig, session_users: bool) -> list[int]:
+    """The holdout windows' starts, oldest first: `weight_windows` windows of a `holdout`
+    share each, the last ending the training window; earlier ones added while the windows
+    together judge fewer than `min_holdout_users` users with a history (a quiet data set's
+    last tenth may hold a few dozen), as long as they cover at most `max_holdout_share` of
+    the window. A configured weight needs the last window only."""
+    if cfg.weight is not None:
+        return [data.quantile_time(1 - cfg.holdout)]
+    starts: list[int] = []
+    judged = 0
+    j = 1
+    while True:
+        start = data.quantile_time(1 - cfg.holdout * j)
+        judged += len(Holdout.at_time(data, start, starts[0] if starts else None, session_users).judged)
+        starts.insert(0, start)
+        if j >= cfg.weight_windows and (judged >= cfg.min_holdout_users
+                                        or cfg.holdout * (j + 1) > cfg.max_holdout_share):
+            break
+        j += 1
+    if len(starts) > cfg.weight_windows:
+        log.info("collaborative block: %d holdout windows (%d users with a history)", len(starts), judged)
+    return sorted(set(starts))
+
+
 class CollaborativeFit:
     def __init__(self, events: Sequence[Engagement], schema: SchemaConfig,
                  cfg: CollaborativeConfig) -> None:
@@ -60,7 +84,7 @@ class CollaborativeFit:
         self.data = Interactions.of(pairs, (schema.user_type,), schema.item_node_types, cfg.max_items)
         self.enabled = cfg.enabled and len(self.data.items) >= 2
         # the holdout windows' nominal starts, oldest first; a fixed weight needs the last only
-        self.starts = self._window_starts() if self.enabled else []
+        self.starts = holdout_starts(self.data, cfg, schema.session_users) if self.enabled else []
         # the next-period regression's periods are as long as the last holdout window
         span = self.data.last_time + 1 - self.starts[-1] if self.starts else 0
         self.next_base = NextPeriod(cfg.next_periods, int(span), cfg.next_l2, 0.0)
@@ -70,31 +94,6 @@ class CollaborativeFit:
         self.gap_days = self.data.median_gap() / C.DAY_MS
         self.windows: list[dict] = []        # each window reached: its weight curve (JSON)
         self.choice: dict | None = None      # what the holdout chose (JSON: kept in snapshots)
-
-    def _window_starts(self) -> list[int]:
-        """`weight_windows` windows of a `holdout` share each, the last ending the training
-        window; earlier ones added while the windows together judge fewer than
-        `min_holdout_users` users with a history (a quiet data set's last tenth may hold a
-        few dozen), as long as they cover at most `max_holdout_share` of the window. A
-        configured weight needs the last window only."""
-        cfg = self.cfg
-        if cfg.weight is not None:
-            return [self.data.quantile_time(1 - cfg.holdout)]
-        starts: list[int] = []
-        judged = 0
-        j = 1
-        while True:
-            start = self.data.quantile_time(1 - cfg.holdout * j)
-            judged += len(self._holdout(start, starts[0] if starts else None).judged)
-            starts.insert(0, start)
-            if j >= cfg.weight_windows and (judged >= cfg.min_holdout_users
-                                            or cfg.holdout * (j + 1) > cfg.max_holdout_share):
-                break
-            j += 1
-        if len(starts) > cfg.weight_windows:
-            log.info("collaborative block: %d holdout windows (%d users with a history)",
-                     len(starts), judged)
-        return sorted(set(starts))
 
     def _holdout(self, at: int, until: int | None = None) -> Holdout:
         return Holdout.at_time(self.data, at, until, self.schema.session_users)
