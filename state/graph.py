@@ -158,6 +158,30 @@ def _follower_options() -> Options:
     return opt
 
 
+def _meta_refusal(meta, path, num_partitions: int, follower: bool) -> StoreError | None:
+    """Why a store cannot be opened with this schema version and partition count (None: it
+    can); a new primary store records both."""
+    version = meta.get(b"schema_version")
+    if version is None and follower:
+        return StoreMissingError(f"state store {path} is not initialised yet: a follower opens "
+                                 "it after its primary has")
+    if version is None:
+        meta[b"schema_version"] = msgpack.packb(STORE_SCHEMA_VERSION)
+        meta[b"num_partitions"] = msgpack.packb(num_partitions)
+        return None
+    version = msgpack.unpackb(version)
+    if version != STORE_SCHEMA_VERSION:
+        return IncompatibleStoreError(
+            f"state store {path} has schema version {version}; this hirflow reads "
+            f"{STORE_SCHEMA_VERSION}. Rebuild it by replaying the topics into a new path.")
+    parts = msgpack.unpackb(meta.get(b"num_partitions"))
+    if parts != num_partitions:
+        return IncompatibleStoreError(
+            f"state store {path} was built for {parts} partitions, config says "
+            f"{num_partitions}; node keys depend on it. Use a new path or the old count.")
+    return None
+
+
 class GraphStore:
     """Owns the RocksDB handle. Use `reader` for reads and `commit` for atomic writes.
 
@@ -198,37 +222,15 @@ class GraphStore:
         self.handle = {cf: self.db.get_column_family_handle(cf) for cf in families}
         self._write_opt = WriteOptions()
         self._write_opt.sync = sync_writes
-        self._check_meta(num_partitions)
+        refused = _meta_refusal(self.cf["meta"], self.path, num_partitions, self.follower)
+        if refused is not None:
+            self._release()
+            raise refused
         self.logged_partitions: frozenset[int] | None = None    # see attach_log
         self._log = None
         self.log_lock = threading.RLock()
         self.reader = GraphReader(self)
         self._closed = False
-
-    def _check_meta(self, num_partitions: int) -> None:
-        meta = self.cf["meta"]
-        version = meta.get(b"schema_version")
-        parts = meta.get(b"num_partitions")
-        if version is None and self.follower:
-            self._release()
-            raise StoreMissingError(f"state store {self.path} is not initialised yet: a "
-                                    "follower opens it after its primary has")
-        if version is None:
-            meta[b"schema_version"] = msgpack.packb(STORE_SCHEMA_VERSION)
-            meta[b"num_partitions"] = msgpack.packb(num_partitions)
-            return
-        version = msgpack.unpackb(version)
-        if version != STORE_SCHEMA_VERSION:
-            self._release()
-            raise IncompatibleStoreError(
-                f"state store {self.path} has schema version {version}; this hirflow reads "
-                f"{STORE_SCHEMA_VERSION}. Rebuild it by replaying the topics into a new path.")
-        parts = msgpack.unpackb(parts)
-        if parts != num_partitions:
-            self._release()
-            raise IncompatibleStoreError(
-                f"state store {self.path} was built for {parts} partitions, config says "
-                f"{num_partitions}; node keys depend on it. Use a new path or the old count.")
 
     def topic_ids(self) -> dict[str, str]:
         """The Kafka topic id each consumed topic had when its offsets were first stored."""

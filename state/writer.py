@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -32,6 +32,26 @@ log = logging.getLogger(__name__)
 
 SRC_SIDE, DST_SIDE = 1, 2
 BOTH_SIDES = SRC_SIDE | DST_SIDE
+
+
+def sum_per_edge(items: list[tuple[Engagement, int]], rates: Mapping[str, float],
+                 signs: Mapping[str, int]) -> dict[tuple, tuple]:
+    """(src, dst, action, sides) -> (w, t_ref, events, first ts, t_ref): each edge's events
+    summed with the decay algebra (`state.decay.group_sums`, one numpy pass); `rates` and
+    `signs` per action."""
+    index: dict[tuple, int] = {}
+    n = len(items)
+    key = np.fromiter((index.setdefault((ev.src, ev.dst, ev.action, sides), len(index))
+                       for ev, sides in items), np.int64, n)
+    w = np.fromiter((ev.w * signs[ev.action] for ev, _ in items), np.float64, n)
+    t = np.fromiter((ev.ts for ev, _ in items), np.int64, n)
+    rate = np.fromiter((rates[ev.action] for ev, _ in items), np.float64, n)
+    _, _, sw, tref = group_sums(key, w, t, rate)      # keys come out as 0 .. len(index)-1
+    count = np.bincount(key, minlength=len(index))
+    first = tref.copy()
+    np.minimum.at(first, key, t)
+    return {edge: (w_, tr, c, f, tr) for edge, w_, tr, c, f in
+            zip(index, sw.tolist(), tref.tolist(), count.tolist(), first.tolist())}
 
 
 class GraphWriter:
@@ -88,24 +108,6 @@ class GraphWriter:
                       next(iter(collided)))
         return collided
 
-    def _sum_per_edge(self, items: list[tuple[Engagement, int]]) -> dict[tuple, tuple]:
-        """(src, dst, action, sides) -> (w, t_ref, events, first ts, t_ref): each edge's
-        events summed with the decay algebra (`state.decay.group_sums`, one numpy pass)."""
-        rates, signs = self.rates, self.signs
-        index: dict[tuple, int] = {}
-        n = len(items)
-        key = np.fromiter((index.setdefault((ev.src, ev.dst, ev.action, sides), len(index))
-                           for ev, sides in items), np.int64, n)
-        w = np.fromiter((ev.w * signs[ev.action] for ev, _ in items), np.float64, n)
-        t = np.fromiter((ev.ts for ev, _ in items), np.int64, n)
-        rate = np.fromiter((rates[ev.action] for ev, _ in items), np.float64, n)
-        _, _, sw, tref = group_sums(key, w, t, rate)      # keys come out as 0 .. len(index)-1
-        count = np.bincount(key, minlength=len(index))
-        first = tref.copy()
-        np.minimum.at(first, key, t)
-        return {edge: (w_, tr, c, f, tr) for edge, w_, tr, c, f in
-                zip(index, sw.tolist(), tref.tolist(), count.tolist(), first.tolist())}
-
     def apply(self, ev: Engagement, sides: int = BOTH_SIDES) -> None:
         """Apply one engagement to the sides this worker owns; marks them dirty."""
         self.apply_batch([(ev, sides)])
@@ -116,7 +118,7 @@ class GraphWriter:
         -> the node ids refused for a key collision (`prefetch`): engagements touching them
         are not applied; ingest dead-letters them."""
         rates = self.rates
-        agg = self._sum_per_edge(items)
+        agg = sum_per_edge(items, self.rates, self.signs)
         collided = self.prefetch([n for (src, dst, _, _) in agg for n in (src, dst)])
         if collided:
             agg = {k: v for k, v in agg.items() if k[0] not in collided and k[1] not in collided}
