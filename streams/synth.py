@@ -102,6 +102,20 @@ def _zipf_weights(n: int, a: float, rng: np.random.Generator) -> np.ndarray:
     return w / w.sum()
 
 
+def entity_text(cfg: SynthConfig, f: int, kind: str, rng: np.random.Generator) -> str:
+    """The text of an entity of `kind` planted in fine interest `f`: words of its fine, mid and
+    coarse interests, so world knowledge carries the planted hierarchy."""
+    cw, mw, fw = interest_words(cfg, f)
+    adj = ADJECTIVES[int(rng.integers(len(ADJECTIVES)))]
+    if kind == "ad":
+        return f"{adj} {fw} deals for {mw} fans"
+    if kind == "product":
+        return f"{adj} {fw} - {mw}, {cw}"
+    if kind == "campaign":
+        return f"{mw} {fw} season campaign"
+    return f"{mw} and {cw} brand"
+
+
 class SynthWorld:
     """The entities of the world; `stream()` yields its events in time order."""
 
@@ -169,17 +183,6 @@ class SynthWorld:
         return f"product:p{a}"
 
     # -- entities and structure -----------------------------------------------------------
-    def _text(self, f: int, kind: str, rng: np.random.Generator) -> str:
-        cw, mw, fw = interest_words(self.cfg, f)
-        adj = ADJECTIVES[int(rng.integers(len(ADJECTIVES)))]
-        if kind == "ad":
-            return f"{adj} {fw} deals for {mw} fans"
-        if kind == "product":
-            return f"{adj} {fw} - {mw}, {cw}"
-        if kind == "campaign":
-            return f"{mw} {fw} season campaign"
-        return f"{mw} and {cw} brand"
-
     def structure(self) -> Iterator[tuple[int, Entity | Engagement]]:
         """(ts, entity or structural edge) for every entity, at its launch time."""
         cfg = self.cfg
@@ -187,19 +190,19 @@ class SynthWorld:
         t0 = cfg.start_ms
         for a in range(cfg.advertisers):
             adv = f"advertiser:v{a}"
-            yield t0, Entity(adv, t0, self._text(int(self.adv_mid[a]) * cfg.fine, "advertiser", rng))
+            yield t0, Entity(adv, t0, entity_text(cfg, int(self.adv_mid[a]) * cfg.fine, "advertiser", rng))
             for j in range(cfg.pixels_per_advertiser):
                 yield t0, Entity(f"pixel:x{a}_{j}", t0, None, {"advertiser": adv})
         for c in range(len(self.camp_adv)):
             camp = f"campaign:c{c}"
-            yield t0, Entity(camp, t0, self._text(int(self.camp_fine[c]), "campaign", rng))
+            yield t0, Entity(camp, t0, entity_text(self.cfg, int(self.camp_fine[c]), "campaign", rng))
             yield t0, Engagement(f"advertiser:v{self.camp_adv[c]}", camp, "owns", t0)
         for a in range(len(self.ad_camp)):
             t = int(self.ad_launch[a])
             f = int(self.ad_fine[a])
             adv = int(self.camp_adv[self.ad_camp[a]])
-            yield t, Entity(self.ad(a), t, self._text(f, "ad", rng))
-            yield t, Entity(self.product(a), t, self._text(f, "product", rng))
+            yield t, Entity(self.ad(a), t, entity_text(self.cfg, f, "ad", rng))
+            yield t, Entity(self.product(a), t, entity_text(self.cfg, f, "product", rng))
             yield t, Engagement(f"campaign:c{self.ad_camp[a]}", self.ad(a), "runs", t)
             yield t, Engagement(self.ad(a), self.product(a), "promotes", t)
             yield t, Engagement(f"pixel:x{adv}_0", self.product(a), "fires_on", t)
