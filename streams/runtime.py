@@ -9,17 +9,16 @@ import logging
 import threading
 import time
 
-from hirflow.state.events import EventError, Validator
+from hirflow.state.events import Validator
 from hirflow.state.graph import GraphStore
 from hirflow.state.writer import GraphWriter
 from hirflow.streams import standby
 from hirflow.streams.changelog import ChangelogWriter, settle
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.deadletter import LazyDeadLetters
 from hirflow.streams.ingest import IngestLoop, owned_partitions
-from hirflow.streams.metrics import (DIRTY_NODES, EVENTS_APPLIED, EVENTS_CONSUMED, EVENTS_SKIPPED,
-                                     PARTITIONS_OWNED, PROMOTED_PARTITIONS, RESTORED_CHANGES,
-                                     SETTLE_SECONDS, STATE_BYTES)
+from hirflow.streams.knowledge import EntityApplier
+from hirflow.streams.metrics import (DIRTY_NODES, PARTITIONS_OWNED, PROMOTED_PARTITIONS,
+                                     RESTORED_CHANGES, SETTLE_SECONDS, STATE_BYTES)
 from hirflow.streams.topic_identity import check_topic_identity
 from hirflow.streams.topics import Topics
 
@@ -43,14 +42,6 @@ def freeze_startup_objects() -> None:
     otherwise walk it (measured in bench/freshness.py: a 0.7 s full collection in the worker)."""
     gc.collect()
     gc.freeze()
-
-
-def _text_encoder(enabled: bool):
-    """The MiniLM text encoder, or None when world knowledge is switched off."""
-    if not enabled:
-        return None
-    from hirflow.encoder.knowledge import TextEncoder
-    return TextEncoder()
 
 
 class WorkerRuntime:
@@ -87,10 +78,9 @@ class WorkerRuntime:
         self.last_beat = 0.0
         self.caught_up = False
         self.error: BaseException | None = None
-        self.entity_error: BaseException | None = None   # an entity batch that failed to commit
         self._thread: threading.Thread | None = None
-        self._entity_dead = LazyDeadLetters(cfg.kafka, self.topics.dead_letter)
-        self.text_encoder = _text_encoder(cfg.worker.knowledge)
+        self.entities = EntityApplier(self.store, self.writer, self.validator, self.owned, cfg.kafka,
+                                      self.topics.dead_letter, cfg.worker.knowledge)
         self.refresh = None
         self.watcher = None
         self.query = None
@@ -191,71 +181,12 @@ class WorkerRuntime:
         if self.ingest is not None:
             self.ingest.close()
 
-    # -- entities (called by the faust agent, in an executor thread) -----------------------
-    def apply_entities(self, records: list[tuple[str, int, int, bytes | None, bytes | None, int]]) -> list[str]:
-        """Apply a batch of entity records (topic, partition, offset, key, value, timestamp);
-        texts are encoded in one batch. Returns per record "applied", "skipped", "foreign" or
-        the dead-letter reason."""
-        outcomes: list[str] = []
-        fresh = []
-        offsets: dict[tuple[str, int], int] = {}
-        with self.writer.lock:
-            for topic, partition, offset, key, value, timestamp in records:
-                if offset <= self.writer.stored_offset(topic, partition):
-                    EVENTS_SKIPPED.labels(topic).inc()
-                    outcomes.append("skipped")
-                    continue
-                EVENTS_CONSUMED.labels(topic).inc()
-                try:
-                    ent = self.validator.decode_entity(value)
-                    if self.store.keys.partition(ent.node) not in self.owned:
-                        outcomes.append("foreign")    # another worker owns this node's range
-                    elif self.writer.entities.upsert(ent):
-                        fresh.append(ent)
-                        outcomes.append("applied")
-                        EVENTS_APPLIED.labels(topic).inc()
-                    else:
-                        outcomes.append("applied")    # older than what is stored: no-op
-                except Exception as exc:      # a hostile record must not stop the agent
-                    reason, detail = (exc.reason, exc.detail) if isinstance(exc, EventError) \
-                        else ("bad_entity", f"{type(exc).__name__}: {exc}"[:1000])
-                    outcomes.append(reason)
-                    self._entity_dead.send_raw(topic, partition, offset, key, value, timestamp,
-                                               reason, detail)
-                offsets[(topic, partition)] = offset
-            try:
-                self._encode_texts([e for e in fresh if e.text])
-                if self._entity_dead.flush(30):
-                    raise RuntimeError("dead letters for entities were not acknowledged")
-                self.writer.entities.commit(offsets)
-            except Exception as exc:
-                # nothing of this batch is durable, its offsets included: the worker reports
-                # unhealthy and restarts, and reads the batch again
-                self.writer.entities.discard()
-                self.entity_error = exc
-                log.exception("entity batch failed; the worker restarts to read it again")
-                raise
-        return outcomes
-
-    def _encode_texts(self, ents: list) -> None:
-        """World-knowledge vectors of these entities' texts, stored with the next commit. A
-        failure of the text encoder costs the vectors, not the entities."""
-        if not ents or self.text_encoder is None:
-            return
-        try:
-            vectors = self.text_encoder.encode([e.text for e in ents])
-        except Exception:
-            log.exception("text encoding failed for %d entities; stored without vectors", len(ents))
-            return
-        for ent, vec in zip(ents, vectors):
-            self.writer.entities.set_knowledge(ent.node, vec)
-
     # -- health and gauges ----------------------------------------------------------------
     def healthy(self) -> tuple[bool, str]:
         if self.error is not None:
             return False, f"ingest failed: {self.error}"
-        if self.entity_error is not None:
-            return False, f"entity commit failed: {self.entity_error}"
+        if self.entities.error is not None:
+            return False, f"entity commit failed: {self.entities.error}"
         if self.watcher is not None and self.watcher.error is not None:
             return False, f"checkpoint watcher failed: {self.watcher.error}"
         if self._thread is None or not self._thread.is_alive():
@@ -283,7 +214,7 @@ class WorkerRuntime:
     def close(self) -> None:
         self.stop_refresh()
         self.stop_ingest()
-        self._entity_dead.flush(10)
+        self.entities.close()
         self._close_standby()
         if self.changelog is not None:
             self.changelog.close()
