@@ -14,6 +14,7 @@ from hirflow.state.config import ConfigError, as_dict
 from hirflow.streams import clients
 from hirflow.streams import config as config_mod
 from hirflow.streams import logs
+from hirflow.trainer.train_settings import OBJECTIVES
 
 log = logging.getLogger("hirflow")
 
@@ -371,7 +372,7 @@ def _text_encode(enabled: bool):
 @config_flag("--steps-per-chunk", key="train.steps_per_chunk", type=int,
              help="Most steps per pass over a 24 h chunk [train.steps_per_chunk, as many as "
                   "its events fill].")
-@config_flag("--objective", key="train.objective", type=click.Choice(["softmax", "bce"]),
+@config_flag("--objective", key="train.objective", type=click.Choice(OBJECTIVES),
              help="softmax: in-batch sampled softmax over each batch's items (retrieval); bce: "
                   "DistMult engagement prediction against sampled negatives "
                   "[train.objective, softmax].")

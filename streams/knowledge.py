@@ -79,7 +79,7 @@ class EntityApplier:
                         else ("bad_entity", f"{type(exc).__name__}: {exc}"[:1000])
                     outcomes.append(reason)
                     self._dead.send_raw(topic, partition, offset, key, value, timestamp,
-                                               reason, detail)
+                                        reason, detail)
                 offsets[(topic, partition)] = offset
             try:
                 self._encode_texts([e for e in fresh if e.text])

@@ -68,10 +68,10 @@ class CollaborativeConfig:
     propagation_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)   # the weights it chooses among
 
     def __post_init__(self) -> None:
-        def positive(v): return v is None or v >= 0
-        checks = (("rank", positive(self.rank), ">= 0 or unset"),
+        def unset_or_nonneg(v): return v is None or v >= 0
+        checks = (("rank", unset_or_nonneg(self.rank), ">= 0 or unset"),
                   ("rank_grid", bool(self.rank_grid) and min(self.rank_grid) >= 1, "non-empty, each >= 1"),
-                  ("weight", positive(self.weight), ">= 0 or unset"),
+                  ("weight", unset_or_nonneg(self.weight), ">= 0 or unset"),
                   ("weight_grid", bool(self.weight_grid) and min(self.weight_grid) >= 0, "non-empty, each >= 0"),
                   ("l2_grid", bool(self.l2_grid) and min(self.l2_grid) > 0, "non-empty, each > 0"),
                   ("holdout", 0 < self.holdout < 1, "in (0, 1)"),
@@ -80,18 +80,18 @@ class CollaborativeConfig:
                   ("min_holdout_users", self.min_holdout_users >= 0, ">= 0"),
                   ("max_holdout_share", 0 < self.max_holdout_share < 1, "in (0, 1)"),
                   ("max_items", self.max_items >= 2, ">= 2"),
-                  ("recency_days", positive(self.recency_days), ">= 0 or unset"),
+                  ("recency_days", unset_or_nonneg(self.recency_days), ">= 0 or unset"),
                   ("recency_windows", bool(self.recency_windows) and min(self.recency_windows) >= 0,
                    "non-empty, each >= 0"),
                   ("recency_gaps", min(self.recency_gaps, default=1.0) > 0, "each > 0"),
-                  ("fit_days", positive(self.fit_days), ">= 0 or unset"),
+                  ("fit_days", unset_or_nonneg(self.fit_days), ">= 0 or unset"),
                   ("fit_windows", bool(self.fit_windows) and min(self.fit_windows) >= 0, "non-empty, each >= 0"),
                   ("next_periods", self.next_periods >= 0, ">= 0"),
                   ("next_l2", self.next_l2 > 0, "> 0"),
-                  ("next_weight", positive(self.next_weight), ">= 0 or unset"),
+                  ("next_weight", unset_or_nonneg(self.next_weight), ">= 0 or unset"),
                   ("next_grid", bool(self.next_grid) and min(self.next_grid) >= 0, "non-empty, each >= 0"),
                   ("propagation_layers", self.propagation_layers >= 0, ">= 0"),
-                  ("propagation_weight", positive(self.propagation_weight), ">= 0 or unset"),
+                  ("propagation_weight", unset_or_nonneg(self.propagation_weight), ">= 0 or unset"),
                   ("propagation_grid", bool(self.propagation_grid) and min(self.propagation_grid) >= 0,
                    "non-empty, each >= 0"))
         for name, ok, rule in checks:
