@@ -36,11 +36,12 @@ from ingest import _as  # noqa: E402
 from hirflow.state.config import build  # noqa: E402
 from hirflow.state.graph import GraphStore  # noqa: E402
 from hirflow.state.writer import GraphWriter  # noqa: E402
-from hirflow.streams import changelog, clients, standby  # noqa: E402
+from hirflow.streams.scaleout import changelog, standby  # noqa: E402
+from hirflow.streams import clients
 from hirflow.streams.broker import EmbeddedBroker  # noqa: E402
 from hirflow.streams.config import HirflowConfig  # noqa: E402
-from hirflow.streams.ingest import IngestLoop  # noqa: E402
-from hirflow.streams.runtime import tune_gc  # noqa: E402
+from hirflow.streams.ingest.loop import IngestLoop  # noqa: E402
+from hirflow.streams.worker.runtime import tune_gc  # noqa: E402
 from hirflow.streams.topics import Topics, ensure_topics  # noqa: E402
 
 

@@ -49,7 +49,7 @@ from hirflow.state.schema import SchemaConfig  # noqa: E402
 from hirflow.state.view_pool import PreparedParts, ViewPool  # noqa: E402
 from hirflow.state.views import STUDENT, ViewSampler  # noqa: E402
 from hirflow.state.writer import GraphWriter  # noqa: E402
-from hirflow.streams.synth import SynthConfig, SynthWorld  # noqa: E402
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld  # noqa: E402
 from tests.state.reference_views import ReferenceSampler  # noqa: E402
 
 SAMPLING_GOAL = 20_000      # student views/s per sampling process

@@ -60,13 +60,13 @@ from hirflow.state.config import build  # noqa: E402
 from hirflow.streams import clients  # noqa: E402
 from hirflow.streams.broker import EmbeddedBroker  # noqa: E402
 from hirflow.streams.config import HirflowConfig  # noqa: E402
-from hirflow.streams.demo import EMBEDDED_PARTITIONS, UPSTREAM_LINGER_MS, stamped_now, upstream  # noqa: E402
-from hirflow.streams.freshness_watch import endpoint_flags, touched_keys  # noqa: E402
-from hirflow.streams.replay import produce  # noqa: E402
+from hirflow.streams.tools.demo import EMBEDDED_PARTITIONS, UPSTREAM_LINGER_MS, stamped_now, upstream  # noqa: E402
+from hirflow.streams.tools.freshness_watch import endpoint_flags, touched_keys  # noqa: E402
+from hirflow.streams.tools.replay import produce  # noqa: E402
 from hirflow.streams.subscribe import Subscriber  # noqa: E402
-from hirflow.streams.synth import SynthConfig, SynthWorld  # noqa: E402
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld  # noqa: E402
 from hirflow.streams.topics import Topics, ensure_topics  # noqa: E402
-from hirflow.streams.worker_process import WorkerProcess  # noqa: E402
+from hirflow.streams.worker.worker_process import WorkerProcess  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.005   # consumer poll timeout of the measuring clients (see `listen`)

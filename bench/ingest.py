@@ -38,8 +38,8 @@ from hirflow.state.writer import GraphWriter  # noqa: E402
 from hirflow.streams import clients  # noqa: E402
 from hirflow.streams.broker import EmbeddedBroker  # noqa: E402
 from hirflow.streams.config import HirflowConfig  # noqa: E402
-from hirflow.streams.ingest import IngestLoop  # noqa: E402
-from hirflow.streams.runtime import tune_gc  # noqa: E402
+from hirflow.streams.ingest.loop import IngestLoop  # noqa: E402
+from hirflow.streams.worker.runtime import tune_gc  # noqa: E402
 from hirflow.streams.topics import Topics, ensure_topics  # noqa: E402
 
 T0 = 1_767_225_600_000

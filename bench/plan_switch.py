@@ -30,12 +30,12 @@ from hirflow.state.config import build
 from hirflow.state.events import Engagement
 from hirflow.streams.broker import EmbeddedBroker
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.plan import publish_plan
-from hirflow.streams.replay import produce
-from hirflow.streams.routing import partitions_of
-from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.scaleout.plan import publish_plan
+from hirflow.streams.tools.replay import produce
+from hirflow.streams.scaleout.routing import partitions_of
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics, ensure_topics
-from hirflow.streams.worker_process import WorkerProcess, peer_ports
+from hirflow.streams.worker.worker_process import WorkerProcess, peer_ports
 
 
 def settled(workers: list[WorkerProcess], count: int, partitions: int) -> list[dict] | None:

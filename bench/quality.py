@@ -51,8 +51,8 @@ from hirflow.encoder.model import EncoderConfig  # noqa: E402
 from hirflow.state.events import Engagement, Validator  # noqa: E402
 from hirflow.state.schema import SchemaConfig  # noqa: E402
 from hirflow.streams import config as config_mod  # noqa: E402
-from hirflow.streams.replay import read_events  # noqa: E402
-from hirflow.streams.synth import SynthConfig, SynthWorld  # noqa: E402
+from hirflow.streams.tools.replay import read_events  # noqa: E402
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld  # noqa: E402
 from hirflow.trainer import baselines as B  # noqa: E402
 from hirflow.trainer.data import chronological_windows, world_knowledge  # noqa: E402
 from hirflow.trainer.evaluate import PER_USER, category_labels, evaluate  # noqa: E402

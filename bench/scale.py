@@ -37,12 +37,12 @@ from hirflow.encoder.model import EncoderConfig
 from hirflow.state.config import build
 from hirflow.state.events import Engagement
 from hirflow.streams.broker import EmbeddedBroker
-from hirflow.streams.cores import available_cores
+from hirflow.streams.worker.cores import available_cores
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.replay import produce
-from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.tools.replay import produce
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics, ensure_topics
-from hirflow.streams.worker_process import WorkerProcess, peer_ports
+from hirflow.streams.worker.worker_process import WorkerProcess, peer_ports
 from hirflow.trainer.train import TrainConfig, train
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from hirflow.encoder.model import EncoderConfig  # noqa: E402
 from hirflow.state.events import Engagement  # noqa: E402
 from hirflow.state.schema import SchemaConfig  # noqa: E402
-from hirflow.streams.synth import SynthConfig, SynthWorld  # noqa: E402
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld  # noqa: E402
 from hirflow.trainer.train import TrainConfig, train  # noqa: E402
 
 warnings.filterwarnings("ignore")

@@ -148,7 +148,7 @@ class Replay:
     def resume(cls, applied: Position) -> "Replay":
         """A replay of the records after `applied` (a step's `position()`) that goes on as
         the replay that yielded that step would have: feed it from `applied.offset + 1`. What
-        a standby copy of a partition uses to follow its log (`streams.standby`)."""
+        a standby copy of a partition uses to follow its log (`streams.scaleout.standby`)."""
         return cls(epoch=applied.epoch)
 
     def feed(self, offset: int, kind: bytes, value: bytes) -> Iterator[Step]:

@@ -1,1 +1,3 @@
-"""Streams: topics, the embedded broker, the ingest hot path, the faust worker and the CLI."""
+"""Streams: Kafka in and out of the worker. Shared here: config, topics, client settings, the
+embedded broker, logs, metrics and the token-change record with its subscriber; by what they do:
+`ingest`, `refresh`, `hotswap`, `scaleout`, `api`, `worker` and the command-line `tools`."""

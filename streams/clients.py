@@ -8,7 +8,7 @@ import logging
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from hirflow.streams.broker_watch import INTERVAL_MS, WATCH
+from hirflow.streams.worker.broker_watch import INTERVAL_MS, WATCH
 from hirflow.streams.config import KafkaConfig
 
 # librdkafka's own log lines (connection refused, metadata errors) go through `logging`, so the

@@ -74,7 +74,7 @@ class Topics:
             self.token_changes: (p, DELETE),
             self.checkpoints: (1, COMPACT),
             self.changelog: (p, KEEP),
-            self.plan: (1, KEEP),           # `streams.plan`: a few records, the newest counts
+            self.plan: (1, KEEP),           # `streams.scaleout.plan`: a few records, the newest counts
         }
 
 

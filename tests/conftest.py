@@ -58,7 +58,7 @@ def replace_section(cfg: HirflowConfig, section: str, **changes) -> HirflowConfi
 def tiny_world():
     """A small synthetic world's engagements (1,500 events, 60 users, 4 days)."""
     from hirflow.state.events import Engagement
-    from hirflow.streams.synth import SynthConfig, SynthWorld
+    from hirflow.streams.tools.synth import SynthConfig, SynthWorld
     w = SynthWorld(SynthConfig(events=1500, users=60, advertisers=4, span_days=4, seed=2))
     return [e for e in w.stream() if isinstance(e, Engagement)]
 

@@ -1,7 +1,7 @@
 """The package as a user installs it: `pip install .` (a built wheel, not the editable
 checkout) into a fresh virtual environment outside the repository, then the installed
 `hirflow` command: every subcommand's help, and a replay of a small Online Retail file
-through the embedded broker (it needs `hirflow.streams.adapters`, which a wheel that lists
+through the embedded broker (it needs `hirflow.streams.tools.adapters`, which a wheel that lists
 its packages by hand can miss).
 
 The fresh environment sees the test environment's third-party packages through a path file
@@ -58,10 +58,10 @@ def installed(tmp_path_factory) -> Path:
 
 def test_the_installed_package_is_the_wheel_under_one_namespace(installed, tmp_path):
     r = _run(installed / "python", "-c",
-             "import hirflow.streams.adapters.online_retail as m, hirflow.state, importlib.util;"
+             "import hirflow.streams.tools.adapters.online_retail as m, hirflow.state, importlib.util;"
              "print(m.__file__); print(importlib.util.find_spec('state'))", cwd=tmp_path)
     where, top_level_state = r.stdout.split()
-    assert str(ROOT) not in where and "site-packages/hirflow/streams/adapters" in where
+    assert str(ROOT) not in where and "site-packages/hirflow/streams/tools/adapters" in where
     assert top_level_state == "None"           # nothing generic at the top of site-packages
 
 

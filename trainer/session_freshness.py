@@ -3,7 +3,7 @@
 query, for s from 0 (refreshed after every engagement before the query) to "never"
 (the vector as of the checkpoint's training cutoff).
 
-A worker re-encodes a node when it engages (`streams.refresh`), so the vector served at a
+A worker re-encodes a node when it engages (`streams.refresh.loop`), so the vector served at a
 query's time t with staleness s is the one computed at the node's last engagement at or
 before t - s: here
 the served vector (`trainer.embedding.served_embeddings`: the worker's view sampler,

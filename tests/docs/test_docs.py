@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.config_reference import field_comments, render
+from hirflow.streams.tools.config_reference import field_comments, render
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hirflow.streams import clients
 from hirflow.streams.topics import Topics
-from hirflow.streams.worker_process import WorkerProcess
+from hirflow.streams.worker.worker_process import WorkerProcess
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

@@ -7,7 +7,7 @@ from hirflow.encoder.knowledge import TextEncoder
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.views import N_STATS, View
-from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 
 
 def lone_view(node: str, type_index: int) -> View:

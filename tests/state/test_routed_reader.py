@@ -17,7 +17,7 @@ from hirflow.state.routed_reader import PeerUnavailable
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.view_source import LocalViews
 from hirflow.state.views import STUDENT, TEACHER, ViewSampler
-from hirflow.streams import peer_reads
+from hirflow.streams.scaleout import peer_reads
 from tests.state.helpers import apply_direct
 from tests.state.view_world import DAY, ODD, T0, assert_same, random_events
 

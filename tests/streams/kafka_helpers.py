@@ -45,7 +45,7 @@ def assert_ingest_equals_direct(cfg: HirflowConfig, topics, expected, tmp_path) 
     applied; the state must equal applying `expected` directly to a fresh store."""
     from hirflow.state.graph import GraphStore
     from hirflow.state.writer import GraphWriter
-    from hirflow.streams.ingest import IngestLoop
+    from hirflow.streams.ingest.loop import IngestLoop
     from tests.state.helpers import apply_direct, assert_same_state, digest
 
     with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions) as store:

@@ -5,7 +5,7 @@ import time
 
 from hirflow.state.graph import GraphStore
 from hirflow.state.writer import BOTH_SIDES, GraphWriter
-from hirflow.streams.refresh import RefreshLoop
+from hirflow.streams.refresh.loop import RefreshLoop
 from hirflow.streams.topics import Topics
 
 

@@ -4,9 +4,10 @@ import re
 import time
 
 from hirflow.state.graph import GraphStore
-from hirflow.streams import changelog, changes
+from hirflow.streams.scaleout import changelog
+from hirflow.streams import changes
 from hirflow.streams.topics import Topics
-from hirflow.streams.worker_process import WorkerProcess
+from hirflow.streams.worker.worker_process import WorkerProcess
 from tests.state.helpers import apply_direct, assert_same_state, digest
 from tests.streams.kafka_helpers import drain, end_offsets
 

@@ -7,9 +7,9 @@ from hypothesis import given, settings, strategies as st
 
 from hirflow.state.events import Validator
 from hirflow.streams import config as config_mod
-from hirflow.streams.adapters import ciaodvd, yoochoose
-from hirflow.streams.cli import FILE_FORMATS
-from hirflow.streams.replay import FORMATS, ReplayError, detect_format, read_events
+from hirflow.streams.tools.adapters import ciaodvd, yoochoose
+from hirflow.streams.tools.cli import FILE_FORMATS
+from hirflow.streams.tools.replay import FORMATS, ReplayError, detect_format, read_events
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hirflow.streams import clients
 from hirflow.streams.broker import EmbeddedBroker
-from hirflow.streams.broker_watch import INTERVAL_MS, BrokerWatch
+from hirflow.streams.worker.broker_watch import INTERVAL_MS, BrokerWatch
 from hirflow.streams.metrics import BROKER_UP
 from tests.conftest import make_config
 
@@ -30,7 +30,7 @@ def poll_until(consumer, cond, timeout: float) -> bool:
 
 
 def test_a_broker_killed_and_restarted_reads_down_then_up_in_two_lines(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="hirflow.streams.broker_watch")
+    caplog.set_level(logging.INFO, logger="hirflow.streams.worker.broker_watch")
     b = EmbeddedBroker().start()
     cfg = make_config(tmp_path, bootstrap=b.bootstrap)
     watch = BrokerWatch(every_s=60.0)
@@ -48,7 +48,7 @@ def test_a_broker_killed_and_restarted_reads_down_then_up_in_two_lines(tmp_path,
     finally:
         c.close()
         b.stop()
-    lines = [r.getMessage() for r in caplog.records if r.name == "hirflow.streams.broker_watch"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hirflow.streams.worker.broker_watch"]
     assert len(lines) == 2 and "unreachable" in lines[0] and "again" in lines[1], lines
 
 
@@ -76,7 +76,7 @@ def test_up_is_any_fresh_client_up_and_an_outage_logs_one_line_per_interval(repo
     clock = Clock()
     watch = BrokerWatch(every_s=30.0, clock=clock)
     latest: dict[str, tuple[float, bool]] = {}
-    log = logging.getLogger("hirflow.streams.broker_watch")
+    log = logging.getLogger("hirflow.streams.worker.broker_watch")
     lines = Lines()
     log.addHandler(lines)
     down_time = 0.0

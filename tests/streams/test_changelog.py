@@ -7,7 +7,7 @@ from hirflow.state import partition_state
 from hirflow.state.graph import GraphStore, IncompatibleStoreError
 from hirflow.state.partition_log import NODE_FAMILIES
 from hirflow.state.writer import GraphWriter
-from hirflow.streams import changelog
+from hirflow.streams.scaleout import changelog
 from hirflow.streams.topics import Topics
 from tests.state.helpers import apply_direct
 

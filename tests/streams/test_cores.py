@@ -1,7 +1,7 @@
 """Cores available to the worker and the sampling processes that gives."""
 import os
 
-from hirflow.streams.cores import MAX_SAMPLE_PROCESSES, available_cores, default_sample_processes
+from hirflow.streams.worker.cores import MAX_SAMPLE_PROCESSES, available_cores, default_sample_processes
 
 
 def test_a_cgroup_quota_caps_the_cores_and_no_quota_leaves_the_affinity_mask(tmp_path):

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from hirflow.state.events import Engagement, Entity
 from hirflow.streams.changes import TokenChange
-from hirflow.streams.freshness_watch import FreshnessWatch
+from hirflow.streams.tools.freshness_watch import FreshnessWatch
 
 T0 = 1_767_225_600_000
 
@@ -51,8 +51,8 @@ def test_the_demo_line_reads_the_hot_swap_status_the_worker_reports(monkeypatch)
     `HotSwapBuild.status` writes (a renamed key once crashed the demo at its first swap)."""
     from types import SimpleNamespace
 
-    from hirflow.streams import demo
-    from hirflow.streams.hot_swap_build import HotSwapBuild
+    from hirflow.streams.tools import demo
+    from hirflow.streams.hotswap.build import HotSwapBuild
     building = SimpleNamespace(model=SimpleNamespace(id="ckpt-b"), gen=2, done=300, total=1200)
     status = {"model": "ckpt-a", "hot_swap": HotSwapBuild.status(SimpleNamespace(building=building))}
     monkeypatch.setattr(demo, "get_json", lambda api, path, timeout: status)
@@ -66,7 +66,7 @@ def test_demo_trains_swaps_and_reports(tmp_path, capsys):
     """A short demo: the first checkpoint is trained, announced and served, and the summary
     checks it against the planted interests."""
     from hirflow.streams.config import load
-    from hirflow.streams.demo import run_demo
+    from hirflow.streams.tools.demo import run_demo
 
     cfg = load(env={})
     rc = run_demo(cfg, tmp_path / "demo", events=240_000, rate=2_000, duration=None,
@@ -78,7 +78,7 @@ def test_demo_trains_swaps_and_reports(tmp_path, capsys):
 
 
 def test_endpoint_flags_mark_the_first_change_of_each_touched_pair():
-    from hirflow.streams.freshness_watch import endpoint_flags, touched_keys
+    from hirflow.streams.tools.freshness_watch import endpoint_flags, touched_keys
     touched = set(touched_keys(Engagement("user:1", "ad:1", "click", T0))) | set(touched_keys(Entity("ad:2", T0)))
     keys = [("user:1", T0), ("ad:9", T0), ("user:1", T0), ("ad:1", T0), ("ad:2", T0)]
     assert endpoint_flags(keys, touched).tolist() == [True, False, False, True, True]
@@ -90,7 +90,7 @@ def test_after_the_stream_the_demo_waits_for_the_first_checkpoint_to_serve(monke
     training fails."""
     from types import SimpleNamespace
 
-    from hirflow.streams import demo
+    from hirflow.streams.tools import demo
     models = iter(["cold-start", "cold-start", "cold-start (swapping 3/~9)", "ckpt-a", "ckpt-a"])
     monkeypatch.setattr(demo, "_model", lambda api: next(models))
     monkeypatch.setattr(demo.time, "sleep", lambda s: None)

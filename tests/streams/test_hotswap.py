@@ -7,9 +7,9 @@ import threading
 import time
 
 from hirflow.state.events import Engagement
-from hirflow.streams.hotswap import CheckpointWatcher
+from hirflow.streams.hotswap.watch import CheckpointWatcher
 from hirflow.streams.metrics import CHECKPOINTS_REFUSED, INDEX_SWITCHES
-from hirflow.streams.query import QueryService
+from hirflow.streams.api.query import QueryService
 from hirflow.streams.subscribe import Subscriber
 from hirflow.streams.topics import Topics
 from hirflow.trainer.announcement import Announcement
@@ -186,7 +186,7 @@ def test_the_swap_lists_every_node_once_a_slice_at_a_time(tmp_path, tiny_world):
     from hirflow.state.graph import GraphConfig, GraphStore
     from hirflow.state.schema import SchemaConfig
     from hirflow.state.writer import GraphWriter
-    from hirflow.streams.hot_swap_build import NodeList
+    from hirflow.streams.hotswap.build import NodeList
     with GraphStore(tmp_path / "s", SchemaConfig(), 4) as store:
         w = GraphWriter(store, GraphConfig())
         w.apply_batch([(e, 3) for e in tiny_world[:200]])

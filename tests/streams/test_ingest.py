@@ -7,10 +7,10 @@ from hirflow.state.events import Engagement, encode_engagement
 from hirflow.state.graph import GraphStore
 from hirflow.state.writer import GraphWriter
 from hirflow.streams import clients
-from hirflow.streams.deadletter import parse_headers
-from hirflow.streams.ingest import IngestLoop
-from hirflow.streams.replay import produce
-from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.ingest.deadletter import parse_headers
+from hirflow.streams.ingest.loop import IngestLoop
+from hirflow.streams.tools.replay import produce
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics
 from tests.conftest import replace_section
 from tests.state.helpers import apply_direct, assert_same_state, digest
@@ -185,7 +185,7 @@ def test_both_forwarded_sides_of_one_engagement_on_one_reverse_partition_are_app
     """A producer other than hirflow's (or one worker forwarding both sides of an engagement
     whose nodes share a partition it does not own) puts two sides with the same origin
     offset on one reverse partition: both apply, once each, also when replayed."""
-    from hirflow.streams.reverse_record import ReverseRecord
+    from hirflow.streams.ingest.reverse_record import ReverseRecord
     topics = Topics(cfg.kafka.topic_prefix)
     with GraphStore(tmp_path / "probe", cfg.schema, cfg.kafka.partitions) as s:
         part = s.keys.partition
@@ -216,7 +216,7 @@ def test_a_dead_letter_fits_the_message_limit_with_its_headers(cfg):
     cut to fit with the headers added, and says how long the original was and its hash."""
     import hashlib
 
-    from hirflow.streams.deadletter import DeadLetters
+    from hirflow.streams.ingest.deadletter import DeadLetters
     topics = Topics(cfg.kafka.topic_prefix)
     p = clients.producer(cfg.kafka)
     limit = 100_000
@@ -291,12 +291,12 @@ def test_the_tail_of_a_dead_letter_burst_is_reported(caplog):
     """A burst logs one line a second; what the last line did not cover is reported once
     the second has passed, not only when the next bad record comes."""
     from types import SimpleNamespace
-    from hirflow.streams.deadletter import DeadLetters
+    from hirflow.streams.ingest.deadletter import DeadLetters
 
     sent = []
     producer = SimpleNamespace(produce=lambda *a, **kw: sent.append(kw), poll=lambda t=0: 0)
     dlq = DeadLetters(producer, "dlq")
-    with caplog.at_level("WARNING", logger="hirflow.streams.deadletter"):
+    with caplog.at_level("WARNING", logger="hirflow.streams.ingest.deadletter"):
         for i in range(5):
             dlq.send_raw("t", 0, i, b"k", b"v", 0, "undecodable")
         assert len(caplog.records) == 1                    # one line for the burst so far

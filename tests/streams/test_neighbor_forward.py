@@ -6,8 +6,8 @@ import pytest
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.state.node import NodeState
 from hirflow.state.schema import SchemaConfig
-from hirflow.streams.neighbor_forward import MAX_REQUESTS, NeighborInbox
-from hirflow.streams.neighbor_queue import NeighborQueue
+from hirflow.streams.refresh.neighbor_forward import MAX_REQUESTS, NeighborInbox
+from hirflow.streams.refresh.neighbor_queue import NeighborQueue
 
 
 def test_the_queue_keeps_its_own_neighbours_and_sets_the_others_aside():

@@ -6,7 +6,7 @@ from hirflow.state.graph import GraphConfig, GraphStore
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.views import STUDENT, ViewSampler
 from hirflow.state.writer import BOTH_SIDES, GraphWriter
-from hirflow.streams.neighbourhood import neighbourhood_items
+from hirflow.streams.api.neighbourhood import neighbourhood_items
 
 
 def sampler_of(tmp_path, events):

@@ -8,8 +8,8 @@ from hypothesis import given, strategies as st
 
 from hirflow.state.events import Engagement, Entity, Validator, as_dict
 from hirflow.streams import config as config_mod
-from hirflow.streams.adapters import online_retail as orr
-from hirflow.streams.replay import ReplayError, detect_format, read_events
+from hirflow.streams.tools.adapters import online_retail as orr
+from hirflow.streams.tools.replay import ReplayError, detect_format, read_events
 
 DATA = Path(__file__).parents[1] / "data" / "online_retail_sample.csv"
 CONFIG = Path(__file__).parents[2] / "configs" / "online_retail.toml"

@@ -1,4 +1,4 @@
-"""The assignment plan (`streams.plan`, `hirflow scale`): the newest good plan counts, a
+"""The assignment plan (`streams.scaleout.plan`, `hirflow scale`): the newest good plan counts, a
 worker follows it at start and waits while it is left out, and running workers switch to a
 new plan without a restart from outside, losing nothing and applying nothing twice."""
 import json
@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from hirflow.state.events import Engagement
 from hirflow.streams import clients
 from hirflow.streams.broker import free_port
-from hirflow.streams.plan import Plan, PlanError, PlanWatcher, follow_plan, newest_plan, publish_plan
-from hirflow.streams.replay import produce
-from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.scaleout.plan import Plan, PlanError, PlanWatcher, follow_plan, newest_plan, publish_plan
+from hirflow.streams.tools.replay import produce
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics
-from hirflow.streams.worker_process import WorkerProcess, peer_ports
+from hirflow.streams.worker.worker_process import WorkerProcess, peer_ports
 from tests.conftest import replace_section
 from tests.streams.scale_helpers import (assert_changes_consistent, assert_state_is_direct, wait_done,
                                          wait_refreshed)
@@ -91,7 +91,7 @@ def test_a_worker_follows_the_plan_and_waits_while_it_is_left_out(cfg):
 def test_hirflow_scale_publishes_and_prints_the_plan(cfg):
     from click.testing import CliRunner
 
-    from hirflow.streams.cli import cli
+    from hirflow.streams.tools.cli import cli
     base = ["--bootstrap", cfg.kafka.bootstrap, "--topic-prefix", cfg.kafka.topic_prefix,
             "--partitions", str(cfg.kafka.partitions)]
     r = CliRunner().invoke(cli, base + ["scale"])

@@ -23,7 +23,7 @@ def world_clock(monkeypatch, tiny_world):
     test's time (measured with the clock stopped at 7, 30, 60 and 300 days: only 30 and 60
     pass). Stopped rather than running, so a node refreshed again from the same state gets
     the same tokens."""
-    from hirflow.streams import refresh
+    from hirflow.streams.refresh import loop as refresh
     origin = max(e.ts for e in tiny_world) + 45 * 86_400_000
     monkeypatch.setattr(refresh, "now_ms", lambda: origin)
 
@@ -247,7 +247,7 @@ def test_cli_subscribe_prints_changes_and_export_writes_the_index(cfg, tiny_worl
 
     from click.testing import CliRunner
 
-    from hirflow.streams.cli import cli
+    from hirflow.streams.tools.cli import cli
     store, writer, loop = loop_over(cfg, tiny_world[:200])
     try:
         settle(loop)
@@ -394,7 +394,7 @@ def test_token_changes_survive_a_broker_that_comes_back_without_its_state(tmp_pa
     import os
     import signal
 
-    from hirflow.streams import token_outbox
+    from hirflow.streams.refresh import token_outbox
     from hirflow.streams.broker import EmbeddedBroker
     from hirflow.streams.metrics import OUTBOX_RESENDS
     from hirflow.streams.topics import Topics, ensure_topics

@@ -11,9 +11,9 @@ from hirflow.state.events import Validator
 from hirflow.state.graph import GraphStore
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.writer import GraphWriter
-from hirflow.streams.cli import cli
-from hirflow.streams.ingest import IngestLoop
-from hirflow.streams.replay import ReplayError, detect_format, read_events
+from hirflow.streams.tools.cli import cli
+from hirflow.streams.ingest.loop import IngestLoop
+from hirflow.streams.tools.replay import ReplayError, detect_format, read_events
 from hirflow.streams.topics import Topics
 from tests.conftest import make_config
 from tests.streams.kafka_helpers import run_until
@@ -129,7 +129,7 @@ def test_a_csv_with_the_wrong_columns_names_the_expected_ones(tmp_path):
 
 
 def test_synth_is_deterministic_by_seed():
-    from hirflow.streams.synth import SynthConfig, SynthWorld
+    from hirflow.streams.tools.synth import SynthConfig, SynthWorld
     a = list(SynthWorld(SynthConfig(events=800, users=40, seed=4)).stream())
     b = list(SynthWorld(SynthConfig(events=800, users=40, seed=4)).stream())
     c = list(SynthWorld(SynthConfig(events=800, users=40, seed=5)).stream())
@@ -139,7 +139,7 @@ def test_synth_is_deterministic_by_seed():
 def test_synth_locality_plants_the_coarse_level_in_users_interests():
     """With locality 1 every user's interests share its first one's coarse interest; the
     rest of the world (ads, texts, which users drift) is the same as with locality 0."""
-    from hirflow.streams.synth import SynthConfig, SynthWorld
+    from hirflow.streams.tools.synth import SynthConfig, SynthWorld
     plain = SynthWorld(SynthConfig(users=300, seed=4))
     local = SynthWorld(SynthConfig(users=300, seed=4, locality=1.0))
     per_coarse = plain.cfg.mid * plain.cfg.fine
@@ -193,7 +193,7 @@ def test_an_expected_error_is_one_line_and_exit_code_2_without_a_traceback(tmp_p
     from hirflow.state.graph import GraphStore
     held = GraphStore(tmp_path / "st", SchemaConfig(), 8)
     try:
-        cmd = [sys.executable, "-m", "hirflow.streams.cli", "--state", str(tmp_path / "st"),
+        cmd = [sys.executable, "-m", "hirflow.streams.tools.cli", "--state", str(tmp_path / "st"),
                "state", "--node", "user:1"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "Traceback" not in r.stderr

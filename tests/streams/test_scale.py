@@ -10,9 +10,9 @@ import json
 
 from hirflow.state.events import Engagement
 from hirflow.state.graph import GraphStore
-from hirflow.streams.replay import produce
-from hirflow.streams.synth import SynthConfig, SynthWorld
-from hirflow.streams.worker_process import WorkerProcess, peer_ports
+from hirflow.streams.tools.replay import produce
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
+from hirflow.streams.worker.worker_process import WorkerProcess, peer_ports
 from tests.state.helpers import apply_direct
 from tests.streams.scale_helpers import (assert_changes_consistent, assert_state_is_direct, wait_done,
                                          wait_refreshed)

@@ -12,7 +12,7 @@ import numpy as np
 from hirflow.state.events import Engagement, Validator
 from hirflow.state.writer import BOTH_SIDES
 from hirflow.streams import config as config_mod
-from hirflow.streams.replay import read_events
+from hirflow.streams.tools.replay import read_events
 from tests.conftest import replace_section
 from tests.streams.refresh_helpers import assert_index_matches_state, loop_over, settle
 

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from hirflow.streams.shutdown import quiet_thread_stops
+from hirflow.streams.worker.shutdown import quiet_thread_stops
 
 
 @pytest.fixture
@@ -31,9 +31,9 @@ def test_a_cancelled_thread_is_one_line_and_other_faults_reach_the_previous_hook
     seen = []
     threading.excepthook = lambda args: seen.append(args.exc_type)
     quiet_thread_stops()
-    with caplog.at_level(logging.INFO, logger="hirflow.streams.shutdown"):
+    with caplog.at_level(logging.INFO, logger="hirflow.streams.worker.shutdown"):
         _run(_raise(asyncio.CancelledError()), "consumer-thread")
         _run(_raise(ValueError("a real fault")), "other")
-    lines = [r.getMessage() for r in caplog.records if r.name == "hirflow.streams.shutdown"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hirflow.streams.worker.shutdown"]
     assert lines == ["thread consumer-thread: its pending work was cancelled by the stop"]
     assert seen == [ValueError]

@@ -1,4 +1,4 @@
-"""Standby replicas (`streams.standby`) on the embedded broker: a copy that follows the change
+"""Standby replicas (`streams.scaleout.standby`) on the embedded broker: a copy that follows the change
 log, stopped and resumed anywhere, is promoted to exactly the state a full restore gives, with
 only the log's tail replayed; a partition a worker loses becomes its copy and comes back the
 same way; a copy the log cannot continue is never promoted."""
@@ -11,7 +11,7 @@ from hirflow.state import partition_state
 from hirflow.state.graph import GraphStore
 from hirflow.state.partition_log import NODE_FAMILIES, Position
 from hirflow.state.writer import DST_SIDE, SRC_SIDE, GraphWriter
-from hirflow.streams import changelog, standby
+from hirflow.streams.scaleout import changelog, standby
 from hirflow.streams.topics import Topics
 
 DIRTY = NODE_FAMILIES.index("dirty")

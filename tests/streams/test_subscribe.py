@@ -47,7 +47,7 @@ def test_a_replayed_years_old_event_is_counted_apart_from_freshness():
     import time
     from types import SimpleNamespace
     from hirflow.streams.metrics import REGISTRY
-    from hirflow.streams.token_outbox import TokenOutbox
+    from hirflow.streams.refresh.token_outbox import TokenOutbox
 
     def value(name):
         return REGISTRY.get_sample_value(name) or 0.0
@@ -79,7 +79,7 @@ def test_repeated_client_lines_are_held_back_and_counted():
     assert not f.filter(rec("coordinator not available"))
     child = rec("Failed fetch messages from 111: NodeNotReadyError", "aiokafka.consumer.fetcher")
     assert f.filter(child) and not f.filter(child)                   # a client's child logger too
-    mine = rec("x", "hirflow.streams.ingest")
+    mine = rec("x", "hirflow.streams.ingest.loop")
     assert f.filter(mine) and f.filter(mine)                         # hirflow's own lines pass
     f._last = {k: (v[0] - 61, v[1]) for k, v in f._last.items()}       # a minute later
     again = rec("FAIL|rdkafka#producer-1| Connect to 127.0.0.1:9092 failed (after 3ms)")

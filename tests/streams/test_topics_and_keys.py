@@ -32,7 +32,7 @@ def test_a_recreated_topic_is_refused_not_silently_skipped(cfg, tmp_path):
 
     from hirflow.state.graph import GraphStore, IncompatibleStoreError
     from hirflow.streams import clients
-    from hirflow.streams.topic_identity import check_topic_identity
+    from hirflow.streams.ingest.topic_identity import check_topic_identity
     from hirflow.streams.topics import Topics, ensure_topics
     topics = Topics(cfg.kafka.topic_prefix)
     with GraphStore(tmp_path / "s", cfg.schema, cfg.kafka.partitions) as store:

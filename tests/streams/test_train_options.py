@@ -7,9 +7,9 @@ from click.testing import CliRunner
 
 from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.state.config import ConfigError
-from hirflow.streams.cli import cli
+from hirflow.streams.tools.cli import cli
 from hirflow.streams.config import TrainSection, load
-from hirflow.streams.train_options import run_options
+from hirflow.streams.tools.train_options import run_options
 from hirflow.trainer.runs import RunOptions
 
 

@@ -10,10 +10,10 @@ from hirflow.state.events import Engagement, Entity, encode_entity
 from hirflow.state.graph import GraphStore
 from hirflow.state.index import TokenIndex
 from hirflow.streams import changes, clients
-from hirflow.streams.replay import produce
-from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.tools.replay import produce
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics
-from hirflow.streams.worker_process import WorkerProcess, peer_ports
+from hirflow.streams.worker.worker_process import WorkerProcess, peer_ports
 from tests.state.helpers import apply_direct, assert_same_state, digest
 from tests.streams.kafka_helpers import committed_total
 from tests.streams.view_helpers import assert_same_view, direct_view
@@ -275,7 +275,7 @@ def test_kill_9_during_entity_batches_keeps_the_newest_entity_of_every_node(cfg,
         for node, e in newest.items():
             got = store.reader.entity(node)
             assert got is not None and (got.ts, got.text) == (e.ts, e.text), node
-    from hirflow.streams.deadletter import parse_headers
+    from hirflow.streams.ingest.deadletter import parse_headers
     dead = drain(cfg, topics.dead_letter, 10**9, timeout=5)   # a crash may duplicate one,
     origins = {parse_headers(m.headers())["hirflow.origin.offset"] + "@" +   # never lose one
                parse_headers(m.headers())["hirflow.origin.partition"] for m in dead}
@@ -332,7 +332,7 @@ def test_a_query_about_another_workers_node_is_forwarded_to_its_owner(cfg, tmp_p
     already is never forwarded again, a node's view, sampled through the other worker's
     nodes, equals the one a single store of every event gives, and neighbour refreshes of
     the other worker's nodes go to it."""
-    from hirflow.streams.routing import FORWARDED, NodeRouter
+    from hirflow.streams.scaleout.routing import FORWARDED, NodeRouter
     now = int(time.time() * 1000)
     users = [f"user:{i}" for i in range(12)]
     evs = [Engagement(u, f"ad:{(i + k) % 12}", "click" if k == 0 else "impression", now - 1000 * k)
@@ -414,7 +414,7 @@ def test_sigterm_with_the_broker_gone_ends_the_worker_within_twenty_seconds(tmp_
     import signal
 
     from hirflow.streams.broker import EmbeddedBroker
-    from hirflow.streams.shutdown import FORCED_EXIT
+    from hirflow.streams.worker.shutdown import FORCED_EXIT
     from hirflow.streams.topics import ensure_topics
     from tests.conftest import make_config
     b = EmbeddedBroker().start()

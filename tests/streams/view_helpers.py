@@ -3,7 +3,7 @@ test, and compared with a worker's answer."""
 import pytest
 
 from hirflow.state.views import STUDENT, ViewSampler
-from hirflow.streams.query import QueryService
+from hirflow.streams.api.query import QueryService
 
 
 def direct_view(cfg, store, node: str, cutoff: int) -> dict:

@@ -12,7 +12,7 @@ from hirflow.trainer.holdout import Holdout, choose_parts
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
 from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig
-from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from hirflow.trainer.collaborative_fit import CollaborativeFit
 
 CPU = torch.device("cpu")

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hirflow.state.events import Engagement, Validator
-from hirflow.streams.replay import produce
+from hirflow.streams.tools.replay import produce
 from hirflow.streams.topics import Topics
 from hirflow.trainer.data import chronological_windows, read_topic, split
 

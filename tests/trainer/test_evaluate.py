@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hirflow.state.events import Engagement
-from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from tests.trainer.helpers import small
 from hirflow.trainer.data import Windows, chronological_windows
 from hirflow.trainer import baselines as B

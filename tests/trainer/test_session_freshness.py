@@ -36,7 +36,7 @@ def test_a_query_is_served_the_vector_of_its_last_refresh_s_before_it(offsets, s
 def test_ranks_per_staleness_come_from_the_served_vectors_of_a_trained_model(tmp_path):
     """On a tiny trained checkpoint: a rank per query at every staleness, the fresh one equal to
     ranking by the served vector as of the node's last engagement before the query."""
-    from hirflow.streams.synth import SynthConfig, SynthWorld
+    from hirflow.streams.tools.synth import SynthConfig, SynthWorld
     from hirflow.trainer.data import chronological_windows
     from hirflow.trainer.embedding import served_embeddings, state_of
     from hirflow.trainer.evaluate import item_types, load_served, positive_actions

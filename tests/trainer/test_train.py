@@ -9,7 +9,7 @@ from hirflow.encoder.checkpoint import load
 from hirflow.trainer.holdout import weights_tried
 from hirflow.encoder.model import EncoderConfig
 from hirflow.state.events import Engagement
-from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from hirflow.trainer.train import NonFiniteLoss, TrainConfig, train
 from tests.trainer.helpers import small
 
@@ -161,7 +161,7 @@ def synth_world_and_flags(cfg, tmp_path) -> list[str]:
     """A small synthetic world under tmp_path/w; -> the CLI flags of the test's broker."""
     from click.testing import CliRunner
 
-    from hirflow.streams.cli import cli
+    from hirflow.streams.tools.cli import cli
     r = CliRunner().invoke(cli, ["synth", "--out", str(tmp_path / "w"), "--events", "1200",
                                  "--users", "50", "--span-days", "4"])
     assert r.exit_code == 0, r.output
@@ -174,7 +174,7 @@ def test_cli_trains_from_a_file_and_announces_the_checkpoint(cfg, tmp_path):
     import msgpack
     from click.testing import CliRunner
 
-    from hirflow.streams.cli import cli
+    from hirflow.streams.tools.cli import cli
     from hirflow.streams.topics import Topics
     from tests.streams.kafka_helpers import drain
     base = synth_world_and_flags(cfg, tmp_path)
@@ -194,7 +194,7 @@ def test_cli_trains_every_period_and_chains_the_checkpoints(cfg, tmp_path):
     import msgpack
     from click.testing import CliRunner
 
-    from hirflow.streams.cli import cli
+    from hirflow.streams.tools.cli import cli
     from hirflow.streams.topics import Topics
     from tests.streams.kafka_helpers import drain
     base = synth_world_and_flags(cfg, tmp_path)

@@ -83,7 +83,7 @@ class WorkerProcess:
 
     def start(self) -> "WorkerProcess":
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "hirflow.streams.cli", "--log-level", self.log_level,
+        self.proc = subprocess.Popen([sys.executable, "-m", "hirflow.streams.tools.cli", "--log-level", self.log_level,
                                       "worker", "--no-create-topics"], env=self.env,
                                      stdout=log, stderr=subprocess.STDOUT)
         return self

@@ -16,8 +16,8 @@ import numpy as np
 from hirflow.encoder.serving import COLD_MODEL_ID
 from hirflow.state.supergraph import SuperGraph
 from hirflow.state.views import View
-from hirflow.streams.neighbourhood import neighbourhood_items
-from hirflow.streams.serving_snapshot import ServingSnapshot
+from hirflow.streams.api.neighbourhood import neighbourhood_items
+from hirflow.streams.refresh.serving_snapshot import ServingSnapshot
 
 MAX_K = 1000
 MAX_PROBES = 4096

@@ -1,5 +1,5 @@
 """Neighbour refreshes across workers: when a node's tokens move, its heaviest neighbours
-are refreshed too (`streams.neighbor_queue`); a neighbour another worker owns is asked of
+are refreshed too (`streams.refresh.neighbor_queue`); a neighbour another worker owns is asked of
 that worker.
 
 The refresh thread hands the requests it set aside to `NeighborForwarder.send`, which never
@@ -21,7 +21,7 @@ import msgpack
 
 from hirflow.state.routed_reader import PeerUnavailable
 from hirflow.streams.metrics import NEIGHBOR_REQUESTS
-from hirflow.streams.peer_reads import PeerRecords
+from hirflow.streams.scaleout.peer_reads import PeerRecords
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from typing import Callable
 from hirflow.streams import clients
 from hirflow.streams.broker import EmbeddedBroker
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.demo_report import get_json, learned, plot_freshness, print_examples, print_learned
-from hirflow.streams.freshness_watch import FreshnessWatch
-from hirflow.streams.replay import produce
-from hirflow.streams.synth import SynthConfig, SynthWorld
+from hirflow.streams.tools.demo_report import get_json, learned, plot_freshness, print_examples, print_learned
+from hirflow.streams.tools.freshness_watch import FreshnessWatch
+from hirflow.streams.tools.replay import produce
+from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics, ensure_topics
-from hirflow.streams.worker_process import WorkerProcess, scrape, wait_http
+from hirflow.streams.worker.worker_process import WorkerProcess, scrape, wait_http
 
 # linger of the producer that streams the synthetic world: each linger window stores one more
 # batch per partition in the embedded broker, which lists them all at every fetch: a short

@@ -1,7 +1,7 @@
 """Builds the faust app of a worker, and nothing else.
 
 faust carries what it does well: the worker lifecycle, the low-volume entity agent, timers
-and the web server. The engagement hot path is `streams.ingest` on confluent-kafka, run by
+and the web server. The engagement hot path is `streams.ingest.loop` on confluent-kafka, run by
 `IngestService` in its own thread (faust tops out near 10k events/s per agent here).
 """
 from __future__ import annotations
@@ -15,9 +15,10 @@ from pathlib import Path
 import faust
 import mode
 
-from hirflow.streams import knowledge, web
+from hirflow.streams.ingest import knowledge
+from hirflow.streams.api import web
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.runtime import WorkerRuntime
+from hirflow.streams.worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def _ingest_service(app: faust.App, runtime: WorkerRuntime) -> type[mode.Service
                     return
                 if runtime.replan is not None:
                     # the graceful stop of SIGTERM (ingest and refresh commit); `hirflow
-                    # worker` then starts again with the plan's count (`streams.plan`)
+                    # worker` then starts again with the plan's count (`streams.scaleout.plan`)
                     log.info("stopping for the new plan of %d workers", runtime.replan.count)
                     os.kill(os.getpid(), signal.SIGTERM)
                     return

@@ -12,7 +12,7 @@ Where: a second RocksDB store beside the worker's (`standby_path`), holding the 
 partitions' movable keys and each one's position in the log (the `Position` of the last
 log step applied, where `partition_log.Replay.resume` goes on). It is never read by the
 refresh, the query API or the peers: a standby copy is not this worker's state until
-`streams.changelog.settle` promotes it.
+`streams.scaleout.changelog.settle` promotes it.
 
 How (`StandbyFollower`): one thread with one consumer assigned to the standby partitions of
 the change-log topic, feeding each partition's records to its replay and applying the steps
@@ -36,7 +36,7 @@ from hirflow.state import partition_state
 from hirflow.state.graph import GraphStore
 from hirflow.state.partition_log import Position, Replay
 from hirflow.streams import clients
-from hirflow.streams.changelog import LogReader, newest_snapshot
+from hirflow.streams.scaleout.changelog import LogReader, newest_snapshot
 from hirflow.streams.config import KafkaConfig
 from hirflow.streams.metrics import STANDBY_APPLIED, STANDBY_LAG, STANDBY_PARTITIONS
 

@@ -5,9 +5,9 @@ Queries run in a pool of `worker.query_threads` threads, never on the event loop
 answers health checks and runs the entity agent; at most `worker.query_queue` more wait, and
 a request beyond that is answered 429 at once. With `worker.api_token` set, /v1 asks for
 `Authorization: Bearer <token>` (the probes and /metrics stay open). A query about a node
-another worker owns is forwarded to it when `worker.peer_url` is set (`streams.routing`), and
+another worker owns is forwarded to it when `worker.peer_url` is set (`streams.scaleout.routing`), and
 the other workers' view samplers read this worker's nodes from `/v1/internal/records`
-(`streams.peer_reads`)."""
+(`streams.scaleout.peer_reads`)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 import faust
 from faust.web import Request, Response, View
 
-from hirflow.streams import neighbor_forward, peer_reads
+from hirflow.streams.refresh import neighbor_forward
+from hirflow.streams.scaleout import peer_reads
 from hirflow.streams.metrics import exposition
-from hirflow.streams.openapi import document
-from hirflow.streams.query import QueryError
-from hirflow.streams.routing import NodeRouter
-from hirflow.streams.runtime import WorkerRuntime
+from hirflow.streams.api.openapi import document
+from hirflow.streams.api.query import QueryError
+from hirflow.streams.scaleout.routing import NodeRouter
+from hirflow.streams.worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def _probes(app: faust.App, runtime: WorkerRuntime) -> None:
 
 
 def _queries(app: faust.App, runtime: WorkerRuntime, gate: _Gate) -> None:
-    """The query API under /v1 (`streams.query` answers; `streams.openapi` documents it)."""
+    """The query API under /v1 (`streams.api.query` answers; `streams.api.openapi` documents it)."""
 
     @app.page("/v1/status")
     class Status(View):

@@ -1,5 +1,5 @@
 """The refresh loop: dirty nodes -> views -> encoder -> index records, postings, super-graph
--> token changes on `hirflow.token-changes`. Also runs hot swaps (`streams.hotswap` hands
+-> token changes on `hirflow.token-changes`. Also runs hot swaps (`streams.hotswap.watch` hands
 it announcements), so every index write comes from this one thread and none can race.
 
 This module is the orchestrator; its parts each own one job: `GenerationWriter` (encode and
@@ -45,19 +45,19 @@ from hirflow.state.views import STUDENT, View, ViewSampler
 from hirflow.state.writer import GraphWriter
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.cores import default_sample_processes
-from hirflow.streams.generation_writer import GenerationWriter
-from hirflow.streams.hot_swap_build import HotSwapBuild
+from hirflow.streams.worker.cores import default_sample_processes
+from hirflow.streams.refresh.generation_writer import GenerationWriter
+from hirflow.streams.hotswap.build import HotSwapBuild
 from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_GENERATION, INDEX_NODES,
                                      MODEL_COLLAPSED, MODEL_INFO, NEIGHBOR_REQUESTS, NODES_REFRESHED, PEER_READS, REFRESH_BATCH,
                                      REFRESH_SECONDS, SWAP_PROGRESS, VIEW_SAMPLE_SECONDS,
                                      VIEW_WAIT_SECONDS)
-from hirflow.streams.neighbor_forward import NeighborForwarder, NeighborInbox
-from hirflow.streams.neighbor_queue import NeighborQueue
-from hirflow.streams.peer_reads import PeerRecords
-from hirflow.streams.routing import owner_of
-from hirflow.streams.serving_snapshot import ServingSnapshot, empty_memory
-from hirflow.streams.token_outbox import TokenOutbox
+from hirflow.streams.refresh.neighbor_forward import NeighborForwarder, NeighborInbox
+from hirflow.streams.refresh.neighbor_queue import NeighborQueue
+from hirflow.streams.scaleout.peer_reads import PeerRecords
+from hirflow.streams.scaleout.routing import owner_of
+from hirflow.streams.refresh.serving_snapshot import ServingSnapshot, empty_memory
+from hirflow.streams.refresh.token_outbox import TokenOutbox
 from hirflow.streams.topics import Topics
 from hirflow.trainer.announcement import Announcement
 

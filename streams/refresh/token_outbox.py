@@ -1,7 +1,7 @@
 """Token changes on their way to `hirflow.token-changes`.
 
 A change enters the outbox in the same RocksDB batch as the record it describes (see
-`streams.refresh`); this object produces it and, once the broker acknowledged it, deletes
+`streams.refresh.loop`); this object produces it and, once the broker acknowledged it, deletes
 its outbox entry. The acks are checked just before the next send (one batch later, so the
 wait overlaps that batch's encoding) or when the loop is idle. After a crash the entries
 still in the outbox are produced again with the same seq and bytes, never other content.

@@ -8,7 +8,7 @@ offsets in one RocksDB batch, and only then commit the offsets to Kafka. So Kafk
 committed offset never runs ahead of durable state, and no event is applied twice.
 
 Partitions are assigned statically (`p % worker.count == worker.index`) for the process's
-life: a change of the worker set is a restart, with the change log (`streams.changelog`)
+life: a change of the worker set is a restart, with the change log (`streams.scaleout.changelog`)
 moving the partitions' state before the loop starts.
 """
 from __future__ import annotations
@@ -21,14 +21,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from hirflow.state.events import Engagement, EventError, Validator
 from hirflow.state.writer import BOTH_SIDES, GraphWriter
 from hirflow.streams import clients
-from hirflow.streams.broker_watch import WATCH
+from hirflow.streams.worker.broker_watch import WATCH
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.deadletter import DeadLetters
-from hirflow.streams.routing import partitions_of
+from hirflow.streams.ingest.deadletter import DeadLetters
+from hirflow.streams.scaleout.routing import partitions_of
 from hirflow.streams.metrics import (APPLIED_OFFSET, BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
                                      EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, NODES_EXPIRED)
-from hirflow.streams.side_router import SideRouter
-from hirflow.streams.topic_identity import IdentityGuard
+from hirflow.streams.ingest.side_router import SideRouter
+from hirflow.streams.ingest.topic_identity import IdentityGuard
 from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import msgpack
 
 from hirflow.state.routed_reader import PeerUnavailable, Raw
-from hirflow.streams.routing import FORWARDED, owner_of
+from hirflow.streams.scaleout.routing import FORWARDED, owner_of
 
 PATH = "/v1/internal/records"
 MAX_IDS = 10_000            # most ids one request may ask for (400 beyond)

@@ -33,12 +33,12 @@ from hirflow.state.memindex import MemoryIndex
 from hirflow.state.supergraph import SuperGraph
 from hirflow.streams import changes
 from hirflow.streams.config import RefreshConfig
-from hirflow.streams.generation_writer import GenerationWriter
+from hirflow.streams.refresh.generation_writer import GenerationWriter
 from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_SWITCHES, MODEL_COLLAPSED, MODEL_INFO,
                                      NODES_REFRESHED, SWAP_PROGRESS)
-from hirflow.streams.rate_budget import RateBudget
-from hirflow.streams.serving_snapshot import ServingSnapshot, empty_memory
-from hirflow.streams.token_outbox import TokenOutbox
+from hirflow.streams.refresh.rate_budget import RateBudget
+from hirflow.streams.refresh.serving_snapshot import ServingSnapshot, empty_memory
+from hirflow.streams.refresh.token_outbox import TokenOutbox
 from hirflow.trainer.announcement import Announcement
 
 log = logging.getLogger(__name__)

@@ -12,14 +12,14 @@ import time
 from hirflow.state.events import Validator
 from hirflow.state.graph import GraphStore
 from hirflow.state.writer import GraphWriter
-from hirflow.streams import standby
-from hirflow.streams.changelog import ChangelogWriter, settle
+from hirflow.streams.scaleout import standby
+from hirflow.streams.scaleout.changelog import ChangelogWriter, settle
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.ingest import IngestLoop, owned_partitions
-from hirflow.streams.knowledge import EntityApplier
+from hirflow.streams.ingest.loop import IngestLoop, owned_partitions
+from hirflow.streams.ingest.knowledge import EntityApplier
 from hirflow.streams.metrics import (DIRTY_NODES, PARTITIONS_OWNED, PROMOTED_PARTITIONS,
                                      RESTORED_CHANGES, SETTLE_SECONDS, STATE_BYTES)
-from hirflow.streams.topic_identity import check_topic_identity
+from hirflow.streams.ingest.topic_identity import check_topic_identity
 from hirflow.streams.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class WorkerRuntime:
         self.refresh = None
         self.watcher = None
         self.query = None
-        self.replan = None      # a new assignment plan (`streams.plan`): stop, then start anew
+        self.replan = None      # a new assignment plan (`streams.scaleout.plan`): stop, then start anew
 
     def _settle_partitions(self) -> None:
         """Claim the owned partitions in the change log, restore what this store lacks, drop
@@ -158,9 +158,9 @@ class WorkerRuntime:
         false, e.g. an ingest-only benchmark)."""
         if not self.cfg.refresh.enabled:
             return
-        from hirflow.streams.hotswap import CheckpointWatcher
-        from hirflow.streams.query import QueryService
-        from hirflow.streams.refresh import RefreshLoop
+        from hirflow.streams.hotswap.watch import CheckpointWatcher
+        from hirflow.streams.api.query import QueryService
+        from hirflow.streams.refresh.loop import RefreshLoop
         self.refresh = RefreshLoop(self.cfg, self.store, self.writer, self.topics)
         self.query = QueryService.of(self.refresh)
         freeze_startup_objects()

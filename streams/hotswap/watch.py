@@ -15,7 +15,7 @@ import uuid
 
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
-from hirflow.streams.deadletter import LazyDeadLetters
+from hirflow.streams.ingest.deadletter import LazyDeadLetters
 from hirflow.streams.topics import Topics
 from hirflow.trainer.announcement import Announcement
 

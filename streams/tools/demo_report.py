@@ -1,7 +1,7 @@
 """What `hirflow demo` shows at the end: the model checked against the synthetic world's
 planted interests, example API calls, and a plot of freshness over the run.
 
-The synthetic world knows each user's interests and each ad's interest (`streams.synth`), so
+The synthetic world knows each user's interests and each ad's interest (`streams.tools.synth`), so
 the demo can say in plain words whether what the API returns makes sense: the ads retrieved
 for a user should mostly belong to the user's interests, and the users similar to a user
 should share one.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hirflow.streams.freshness_watch import FreshnessWatch
-from hirflow.streams.synth import SynthWorld, interest_words
+from hirflow.streams.tools.freshness_watch import FreshnessWatch
+from hirflow.streams.tools.synth import SynthWorld, interest_words
 
 
 def get_json(api: str, path: str, timeout: float = 5.0) -> dict | None:

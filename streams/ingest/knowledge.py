@@ -21,11 +21,11 @@ from hirflow.state.events import EventError, Validator
 from hirflow.state.graph import GraphStore
 from hirflow.state.writer import GraphWriter
 from hirflow.streams.config import KafkaConfig
-from hirflow.streams.deadletter import LazyDeadLetters
+from hirflow.streams.ingest.deadletter import LazyDeadLetters
 from hirflow.streams.metrics import EVENTS_APPLIED, EVENTS_CONSUMED, EVENTS_SKIPPED
 
 if TYPE_CHECKING:
-    from hirflow.streams.runtime import WorkerRuntime
+    from hirflow.streams.worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 

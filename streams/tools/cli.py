@@ -136,10 +136,10 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
     """Run the stream worker: engagement ingest, entity agent, refresh loop (token changes),
     hot swap of announced checkpoints, the query API, health and metrics."""
 
-    from hirflow.streams import plan
-    from hirflow.streams.app import build_app
-    from hirflow.streams.runtime import WorkerRuntime
-    from hirflow.streams.shutdown import BoundedWorker
+    from hirflow.streams.scaleout import plan
+    from hirflow.streams.worker.app import build_app
+    from hirflow.streams.worker.runtime import WorkerRuntime
+    from hirflow.streams.worker.shutdown import BoundedWorker
     from hirflow.streams.topics import Topics, ensure_topics
     cfg = obj.config(**{"worker.index": index, "worker.count": count, "worker.web_port": web_port,
                         "refresh.checkpoint": checkpoint})
@@ -186,7 +186,7 @@ def scale(obj: Ctx, workers):
     count: it restores the partitions it gains from the change log and drops those it loses;
     workers the plan leaves out wait until a plan includes them. Without WORKERS: print the
     current plan."""
-    from hirflow.streams import plan
+    from hirflow.streams.scaleout import plan
     from hirflow.streams.topics import Topics, ensure_topics
     cfg = obj.config()
     if workers is None:
@@ -212,8 +212,8 @@ def scale(obj: Ctx, workers):
 def replay(obj: Ctx, path, fmt, rate, progress):
     """Produce the events of a file to hirflow.engagements / hirflow.entities."""
     from hirflow.state.events import Validator
-    from hirflow.streams.adapters.online_retail import Rejects
-    from hirflow.streams.replay import ReplayError, detect_format, produce, read_events
+    from hirflow.streams.tools.adapters.online_retail import Rejects
+    from hirflow.streams.tools.replay import ReplayError, detect_format, produce, read_events
     cfg = obj.config()
     rejects = Rejects()
     try:
@@ -245,7 +245,7 @@ def replay(obj: Ctx, path, fmt, rate, progress):
 @click.pass_obj
 def synth(obj: Ctx, out, do_produce, events, users, seed, start, span_days, locality, rate):
     """Generate the synthetic ads world with planted hierarchical interests."""
-    from hirflow.streams.synth import SynthConfig, SynthWorld, write
+    from hirflow.streams.tools.synth import SynthConfig, SynthWorld, write
     if not out and not do_produce:
         raise click.UsageError("give --out DIR, --produce, or both")
     cfg = obj.config()
@@ -256,7 +256,7 @@ def synth(obj: Ctx, out, do_produce, events, users, seed, start, span_days, loca
         paths = write(world, out)
         click.echo(json.dumps({k: str(v) for k, v in paths.items()}))
     if do_produce:
-        from hirflow.streams.replay import produce
+        from hirflow.streams.tools.replay import produce
         click.echo(json.dumps(produce(cfg, world.stream(), total=None, rate=rate)))
 
 
@@ -299,7 +299,7 @@ def _data_loader(cfg, input_path, fmt, entities_path):
     """cutoff -> (engagements, entities) from a file (any format `hirflow replay` reads, plus
     an optional entities file) or from the Kafka topics, read to the cutoff."""
     from hirflow.state.events import Engagement, Validator
-    from hirflow.streams.replay import detect_format, read_events
+    from hirflow.streams.tools.replay import detect_format, read_events
     from hirflow.streams.topics import Topics
     from hirflow.trainer.data import read_topic
     validator = Validator(cfg.schema)
@@ -401,7 +401,7 @@ def train(obj: Ctx, input_path, fmt, entities_path, cutoff, init_path, resume, p
     sections; each flag overrides the key named in brackets."""
     from hirflow.encoder.checkpoint import CheckpointError, load as load_ckpt
     from hirflow.streams.topics import Topics
-    from hirflow.streams.train_options import run_options
+    from hirflow.streams.tools.train_options import run_options
     from hirflow.trainer.publish import announce as do_announce
     from hirflow.trainer.resume import ResumeError
     from hirflow.trainer.runs import parse_duration, run_every, run_once
@@ -546,7 +546,7 @@ def export(obj: Ctx, out, fmt, nodes, types):
     """Write embeddings, BoM tokens and assignments of the serving index (worker stopped)."""
     from hirflow.state.graph import GraphStore
     from hirflow.state.index import TokenIndex
-    from hirflow.streams.export import select, write
+    from hirflow.streams.tools.export import select, write
     cfg = obj.config()
     fmt = fmt or {".jsonl": "jsonl", ".npz": "npz", ".parquet": "parquet"}.get(out.suffix)
     if fmt is None:
@@ -569,7 +569,7 @@ def export(obj: Ctx, out, fmt, nodes, types):
 def show_config(obj: Ctx, reference, show_secrets):
     """Print the effective config (after file, env and flags); secrets are masked."""
     if reference:
-        from hirflow.streams.config_reference import render
+        from hirflow.streams.tools.config_reference import render
         click.echo(render(), nl=False)
         return
     out = as_dict(obj.config())
@@ -590,7 +590,7 @@ def show_config(obj: Ctx, reference, show_secrets):
 @click.pass_obj
 def demo(obj: Ctx, events, rate, duration, workdir):
     """The main job on the embedded default: broker, worker, a synthetic world streamed live."""
-    from hirflow.streams.demo import run_demo
+    from hirflow.streams.tools.demo import run_demo
     cfg = obj.config(**{"graph.path": str(workdir / "state")})
     sys.exit(run_demo(cfg, workdir, events=events, rate=rate, duration=duration,
                       log_level=obj.log_level or "WARNING"))
@@ -611,7 +611,7 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from hirflow.encoder.knowledge import KnowledgeModelMissing
     from hirflow.state.graph import StoreError
     from hirflow.streams.broker import BrokerError
-    from hirflow.streams.changelog import ChangelogError
+    from hirflow.streams.scaleout.changelog import ChangelogError
     from hirflow.streams.topics import TopicMismatchError
     return (StoreError, TopicMismatchError, BrokerError, CheckpointError, ChangelogError,
             KnowledgeModelMissing)

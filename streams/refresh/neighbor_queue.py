@@ -7,7 +7,7 @@ request carries the event time of the change that caused it, so its token change
 freshness from that event. The queue is bounded: past `MAX_WAITING` the oldest requests go.
 With several workers only this worker's own neighbours are queued (`owns`); requests for
 another worker's nodes are set aside (`foreign`, bounded the same way) for
-`streams.neighbor_forward` to send to their owners, whose queues take them with `add`.
+`streams.refresh.neighbor_forward` to send to their owners, whose queues take them with `add`.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Mapping
 
 from hirflow.state.edge_columns import EdgeColumns
 from hirflow.streams.metrics import NEIGHBOR_BACKLOG
-from hirflow.streams.rate_budget import RateBudget
+from hirflow.streams.refresh.rate_budget import RateBudget
 
 MAX_WAITING = 100_000
 

@@ -4,7 +4,7 @@ Formats: ``jsonl`` (one event per line in the wire schema; lines with ``node`` a
 events), ``csv`` (src,dst,action,ts[,w,id], with a header line naming the columns or
 without one, in that order), ``taobao`` (UserBehavior CSV) and
 ``online-retail`` (the UCI Online Retail invoice lines; rows that are no customer's purchase
-of a product are skipped and counted by reason, see `streams.adapters.online_retail`),
+of a product are skipped and counted by reason, see `streams.tools.adapters.online_retail`),
 ``ciaodvd`` (CiaoDVD ratings) and ``yoochoose`` (click sessions as session-rec prepares them).
 Lines are validated before producing, so a bad file fails fast with its line number instead
 of filling the dead-letter topic; ``--rate`` paces the stream in events per second.
@@ -25,7 +25,7 @@ from tqdm import tqdm
 from hirflow.state.events import (Engagement, Entity, EventError, Validator, as_dict, encode_engagement,
                                   encode_entity)
 from hirflow.streams import clients
-from hirflow.streams.adapters import ciaodvd, online_retail, taobao, yoochoose
+from hirflow.streams.tools.adapters import ciaodvd, online_retail, taobao, yoochoose
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.topics import Topics
 

@@ -17,7 +17,7 @@ Kafka side:
 - snapshots (`ChangelogWriter.snapshot`): every movable key of a partition, written when
   the partition first enters the log with state and then periodically, so a replay starts
   from the newest snapshot instead of the first commit and the topic may carry a retention.
-- standby copies (`streams.standby`): `settle` takes over a gained partition from a local
+- standby copies (`streams.scaleout.standby`): `settle` takes over a gained partition from a local
   copy and the log after it when there is one, and hands a lost partition to the standby
   store when this worker keeps a copy of it.
 """

@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of the worker's HTTP API (served at /openapi.json)."""
 from __future__ import annotations
 
-from hirflow.streams.query import DEFAULT_PROBES, MAX_PROBES
+from hirflow.streams.api.query import DEFAULT_PROBES, MAX_PROBES
 
 
 def _q(name, desc, required=False, schema=None):

@@ -1,5 +1,5 @@
 """The sides of an engagement that another worker owns: forwarded on the reverse topic, and
-applied at most once when they arrive (`streams.reverse_record` is the record).
+applied at most once when they arrive (`streams.ingest.reverse_record` is the record).
 
 The source side of an engagement lives on the partition its key (the source node) hashes
 to; the destination side on the destination's. The worker that consumes the engagement
@@ -19,9 +19,9 @@ from confluent_kafka import Producer
 from hirflow.state.events import Engagement, EventError, Validator
 from hirflow.state.writer import DST_SIDE, SRC_SIDE, GraphWriter
 from hirflow.streams import clients
-from hirflow.streams.deadletter import DeadLetters
+from hirflow.streams.ingest.deadletter import DeadLetters
 from hirflow.streams.metrics import EVENTS_SKIPPED, REVERSE_SENT
-from hirflow.streams.reverse_record import ReverseRecord
+from hirflow.streams.ingest.reverse_record import ReverseRecord
 
 
 class DeliveryError(RuntimeError):

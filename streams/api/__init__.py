@@ -1,0 +1,1 @@
+"""The query API: HTTP endpoints, their framework-free logic, the OpenAPI document."""

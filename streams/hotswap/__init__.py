@@ -1,0 +1,1 @@
+"""Hot swap: a new checkpoint watched for, its generation built beside the serving one and switched to."""
