@@ -9,7 +9,7 @@ from hirflow.state.config import load_config
 from hirflow.state.graph import GraphConfig
 from hirflow.state.schema import SchemaConfig
 from hirflow.trainer.block_config import CollaborativeConfig
-from hirflow.trainer.train_settings import TrainSettings
+from hirflow.trainer.train_settings import RunSettings, TrainSettings
 
 
 @dataclass(frozen=True)
@@ -134,28 +134,21 @@ class RefreshConfig:
 
 
 @dataclass(frozen=True)
-class TrainSection(TrainSettings):
-    """`hirflow train`: the run (what, where, how often) beside the training settings it
-    inherits from the trainer's `TrainSettings`."""
+class TrainSection(TrainSettings, RunSettings):
+    """`hirflow train`: where and how often it runs, beside what it inherits from the trainer:
+    the training settings (`TrainSettings`) and the run's split and inputs (`RunSettings`)."""
     out: str = "var/checkpoints"        # where checkpoints are written (then announced)
-    train_share: float = 0.8            # share of events, in time order, to train on; then
-                                        # 10% validation, the rest test
-    fit_validation: bool = True         # fit the model on the training and validation windows
-                                        # (all but the test window; as `hirflow evaluate` refits
-                                        # each baseline); false: the training window only
     window: str = ""                    # only data this long before the cutoff, e.g. 14d ("": all)
     every: str = ""                     # train periodically, e.g. 1h, each round continuing
                                         # the previous checkpoint ("": once)
     rounds: int | None = None           # with `every`: stop after this many rounds (unset: never)
-    knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
     announce: bool = True               # announce each complete checkpoint on hirflow.checkpoints
     collaborative: CollaborativeConfig = field(default_factory=CollaborativeConfig)   # the
                                         # served embedding's collaborative block
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 < self.train_share < 1:
-            raise ValueError(f"train_share must be in (0, 1), got {self.train_share}")
+        TrainSettings.__post_init__(self)
+        RunSettings.__post_init__(self)
         if self.rounds is not None and self.rounds < 1:
             raise ValueError(f"rounds must be >= 1 or unset, got {self.rounds}")
 

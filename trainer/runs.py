@@ -25,6 +25,7 @@ from hirflow.state.schema import SchemaConfig
 from hirflow.trainer.announcement import Announcement
 from hirflow.trainer.data import Windows, chronological_windows, world_knowledge
 from hirflow.trainer.train import TrainConfig, train
+from hirflow.trainer.train_settings import RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,10 @@ def parse_duration(text: str) -> float:
 
 
 @dataclass(frozen=True)
-class RunOptions:
-    train_share: float = 0.8           # then 10% validation, the last 10% test
-    fit_validation: bool = True         # fit on the training and validation windows (all but
-                                        # the test window), as the evaluation refits baselines
+class RunOptions(RunSettings):
     window_s: float | None = None       # only this much data before the cutoff (None: all)
     encoder: dict = field(default_factory=dict)   # EncoderConfig fields of a new model
                                                   # (levels, widths); a parent's shape wins
-    knowledge: bool = True              # entity texts -> world-knowledge vectors, as served
     resume: bool = False                # continue an interrupted run in the output directory
     train: TrainConfig = TrainConfig()
 

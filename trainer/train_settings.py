@@ -1,6 +1,7 @@
 """The training settings a user sets: the `[train]` config section's training keys, which the
 trainer's `TrainConfig` inherits beside its research knobs (learning rate, temperatures, loss
-weights). Torch-free, so the config loader can own it without importing the model."""
+weights), and the run's split and inputs, which its `RunOptions` inherit. Torch-free, so the
+config loader can own them without importing the model."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,3 +32,17 @@ class TrainSettings:
         for name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    train_share: float = 0.8            # share of events, in time order, to train on; then
+                                        # 10% validation, the rest test
+    fit_validation: bool = True         # fit the model on the training and validation windows
+                                        # (all but the test window; as `hirflow evaluate` refits
+                                        # each baseline); false: the training window only
+    knowledge: bool = True              # entity texts as MiniLM world knowledge, as served
+
+    def __post_init__(self) -> None:
+        if not 0 < self.train_share < 1:
+            raise ValueError(f"train_share must be in (0, 1), got {self.train_share}")

@@ -8,15 +8,8 @@ from click.testing import CliRunner
 from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.state.config import ConfigError
 from hirflow.streams.tools.cli import cli
-from hirflow.streams.config import TrainSection, load
+from hirflow.streams.config import load
 from hirflow.streams.tools.train_options import run_options
-from hirflow.trainer.runs import RunOptions
-
-
-def test_run_defaults_are_the_trainers_run_defaults():
-    section = TrainSection()
-    assert section.train_share == RunOptions().train_share and section.knowledge == RunOptions().knowledge
-    assert section.fit_validation == RunOptions().fit_validation
 
 
 def test_file_then_env_then_flags(tmp_path):
