@@ -34,7 +34,7 @@ def child(mode: str, S: int, reps: int) -> dict:
 
     from hirflow.encoder import attention as A
     from hirflow.encoder.batching import PackConfig, pack
-    from hirflow.state.random_views import random_view
+    from testkit.random_views import random_view
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     rng = np.random.default_rng(S)

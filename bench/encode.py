@@ -6,7 +6,7 @@ Builds a real RocksDB store from the synthetic world, then:
 1. **Sampling alone**, one process: student views per second of the batched sampler
    (`state.views.ViewSampler`) on random anchors of a warm store, and with each batch's
    anchors changed (their records read and their rows computed again, as a refresh does);
-   the peer is the plain-Python statement of the same rules (`tests/state/reference_views.py`),
+   the peer is the plain-Python statement of the same rules (`testkit/reference_views.py`),
    on the same anchors in the same run; the goal is 20,000 views/s per process.
 2. **In one process, step by step**, per batch of anchors: sample, fetch world-knowledge
    vectors, pack, run the encoder (inference); the shares of each step. The peer: a bare
@@ -50,7 +50,7 @@ from hirflow.state.view_pool import PreparedParts, ViewPool  # noqa: E402
 from hirflow.state.views import STUDENT, ViewSampler  # noqa: E402
 from hirflow.state.writer import GraphWriter  # noqa: E402
 from hirflow.streams.tools.synth import SynthConfig, SynthWorld  # noqa: E402
-from tests.state.reference_views import ReferenceSampler  # noqa: E402
+from testkit.reference_views import ReferenceSampler  # noqa: E402
 
 SAMPLING_GOAL = 20_000      # student views/s per sampling process
 

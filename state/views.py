@@ -17,7 +17,7 @@ The rules, per view:
   with every edge between two of them.
 
 The whole batch is sampled with array operations over an `AdjacencyTable`
-(`state.adjacency_table`); `tests/state/reference_views.py` states the same rules one node
+(`state.adjacency_table`); `testkit/reference_views.py` states the same rules one node
 at a time in plain Python, and the tests hold the two equal on random graphs.
 
 No edge whose first event is after the cutoff ever appears, and weights are decayed to it.

@@ -1,5 +1,6 @@
 """The packages depend in one direction, state <- encoder <- trainer <- streams, and none
-imports the tests or the benchmarks (checked on the source, so a lazy import counts too)."""
+imports the tests, the benchmarks or what they share (`testkit`); tests and benchmarks do not
+import each other (checked on the source, so a lazy import counts too)."""
 import ast
 from pathlib import Path
 
@@ -24,8 +25,16 @@ def test_imports_only_run_down_the_layers():
         for path in sorted((ROOT / package).rglob("*.py")):
             for mod in _imports(path):
                 top = mod.split(".")
-                if top[0] in ("tests", "bench", *ORDER):         # not through the namespace
+                if top[0] in ("tests", "bench", "testkit", *ORDER):         # not through the namespace
                     wrong.append(f"{path.relative_to(ROOT)} imports {mod}")
                 elif top[0] == "hirflow" and ".".join(top[:2]) not in allowed:
                     wrong.append(f"{path.relative_to(ROOT)} imports {mod}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_tests_and_benchmarks_share_only_the_testkit():
+    wrong = [f"{path.relative_to(ROOT)} imports {mod}"
+             for folder, other in (("tests", "bench"), ("bench", "tests"))
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for mod in _imports(path) if mod.split(".")[0] == other]
     assert not wrong, "\n".join(wrong)

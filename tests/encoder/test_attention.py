@@ -8,7 +8,7 @@ import torch
 
 from hirflow.encoder import attention as A
 from hirflow.encoder.batching import PackConfig, block_tables, pack, shortest_paths
-from hirflow.state.random_views import random_view, random_views
+from testkit.random_views import random_view, random_views
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 H, D = 4, 16

@@ -91,7 +91,7 @@ def test_type_centre_moves_assignments_not_embeddings():
     that all lean the type's way are still told apart by the rest; the embedding the model
     returns (which retrieval uses) stays as it was."""
     from hirflow.encoder.batching import pack
-    from hirflow.state.random_views import random_views
+    from testkit.random_views import random_views
     F = torch.nn.functional
     model = HierarchicalEncoder(EncoderConfig.for_schema(SchemaConfig(), levels=(2, 4), d_emb=32)).eval()
     g = torch.Generator().manual_seed(0)

@@ -8,7 +8,7 @@ import torch
 from hirflow.encoder.batching import pack
 from hirflow.encoder.model import EncoderConfig, HierarchicalEncoder
 from hirflow.state.schema import SchemaConfig
-from hirflow.state.random_views import random_views
+from testkit.random_views import random_views
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 

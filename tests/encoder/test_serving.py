@@ -7,7 +7,7 @@ import numpy as np
 from hirflow.encoder.batching import PackConfig
 from hirflow.encoder.serving import ServingModel
 from hirflow.state.edge_columns import EdgeColumns
-from hirflow.state.random_views import random_views
+from testkit.random_views import random_views
 
 
 def test_prepared_arrays_give_the_same_encoding_and_a_foreign_config_is_repacked(tiny_checkpoints):

@@ -1,5 +1,5 @@
 """The batched sampler against the plain-Python statement of its rules
-(`tests/state/reference_views.py`): the same views on random graphs, for several view
+(`testkit/reference_views.py`): the same views on random graphs, for several view
 shapes, cutoffs, repeated calls (cached rows reused) and invalidated nodes."""
 import numpy as np
 from hypothesis import given, settings
@@ -9,7 +9,7 @@ from hirflow.state.graph import GraphConfig, GraphStore
 from hirflow.state.schema import SchemaConfig
 from hirflow.state.views import STUDENT, TEACHER, ViewConfig, ViewSampler
 from tests.state.helpers import apply_direct
-from tests.state.reference_views import ReferenceSampler
+from testkit.reference_views import ReferenceSampler
 from tests.state.view_world import DAY, ODD, T0, assert_same, random_events
 
 WALKS_ONLY = ViewConfig(max_nodes=8, hops=0, fanout=3, walks=5, walk_length=5)
