@@ -288,6 +288,29 @@ def pack_arrays(views: Sequence[View], cfg: PackConfig,
     adj = adjacency(views, n_max)
     rw = np.zeros((S, cfg.rwse_steps), np.float32)
     rw[:total] = rwse_batched(adj, cfg.rwse_steps)[vid, loc]
+    spd, etype, eweight, erec = _pair_tables(views, adj, cfg, sizes, tbl_starts, T)
+    # tables are n x n row-major per view: an entry's query token is the token repeated n
+    # times, its key the view's first token + the entry's offset in that row
+    P = int(tbl_sizes.sum())
+    q_tok = np.repeat(np.arange(total, dtype=np.int64), size_arr[vid])
+    k_tok = q_tok - loc[q_tok] + (np.arange(P, dtype=np.int64) - (tok_base + local * tok_n)[q_tok])
+    type_q, type_k = np.zeros(T, np.int32), np.zeros(T, np.int32)
+    type_q[:P], type_k[:P] = type_ids[q_tok], type_ids[k_tok]
+    return dict(
+        doc=doc, local=local, tok_base=tok_base, tok_n=tok_n,
+        anchor_pos=starts.copy(), type_ids=type_ids, hop=np.minimum(hop, HOP_BUCKETS - 1),
+        stats=stats, rwse=rw, frequent=stats[:, FREQUENT_STAT] > 0.5,
+        spd=spd, etype=etype, eweight=eweight, erec=erec,
+        type_q=type_q, type_k=type_k, dense_tok=dense_tok,
+        view_sizes=list(sizes), block_size=cfg.block_size,
+        **_node_features(views, cfg, S, knowledge, images))
+
+
+def _pair_tables(views: Sequence[View], adj: torch.Tensor, cfg: PackConfig, sizes: list[int],
+                 tbl_starts: np.ndarray, T: int) -> tuple[np.ndarray, ...]:
+    """The n x n tables of every view (shortest paths, edge type, weight and recency), each
+    view's row-major at its offset of one flat array of `T` entries."""
+    n_max = adj.shape[1]
     spd = np.zeros(T, np.int32)              # int32: T is ~1.4M entries at 16k tokens
     etype = np.zeros(T, np.int32)
     eweight = np.zeros(T, np.float32)
@@ -296,20 +319,19 @@ def pack_arrays(views: Sequence[View], cfg: PackConfig,
     for out, full in zip((spd, etype, eweight, erec), tables):
         for i, n in enumerate(sizes):              # contiguous copies: cheaper than a gather
             out[tbl_starts[i]:tbl_starts[i] + n * n] = full[i, :n, :n].ravel()
-    # tables are n x n row-major per view: an entry's query token is the token repeated n
-    # times, its key the view's first token + the entry's offset in that row
-    P = int(tbl_sizes.sum())
-    q_tok = np.repeat(np.arange(total, dtype=np.int64), size_arr[vid])
-    k_tok = q_tok - loc[q_tok] + (np.arange(P, dtype=np.int64) - (tok_base + local * tok_n)[q_tok])
-    type_q, type_k = np.zeros(T, np.int32), np.zeros(T, np.int32)
-    type_q[:P], type_k[:P] = type_ids[q_tok], type_ids[k_tok]
+    return spd, etype, eweight, erec
+
+
+def _node_features(views: Sequence[View], cfg: PackConfig, S: int,
+                   knowledge: Mapping[str, np.ndarray] | None,
+                   images: Mapping[str, np.ndarray] | None) -> dict:
+    """Per distinct node of the batch (views share many): hash features, world-knowledge and
+    image vectors with their presence flags; per token, its node's row (`token_node`)."""
     ids = [n for v in views for n in v.nodes]
-    uniq = {n: j for j, n in enumerate(dict.fromkeys(ids))}     # views share many nodes
-    at = np.fromiter((uniq[n] for n in ids), np.int64, total)
-    names = list(uniq)
+    uniq = {n: j for j, n in enumerate(dict.fromkeys(ids))}
     token_node = np.zeros(S, np.int64)
-    token_node[:total] = at
-    hash_x = hash_features(names, cfg)
+    token_node[:len(ids)] = np.fromiter((uniq[n] for n in ids), np.int64, len(ids))
+    names = list(uniq)
     U = len(names)
     kn, has_kn = np.zeros((U, cfg.knowledge_dim), np.float32), np.zeros(U, bool)
     im, has_im = np.zeros((U, cfg.image_dim), np.float32), np.zeros(U, bool)
@@ -322,15 +344,8 @@ def pack_arrays(views: Sequence[View], cfg: PackConfig,
                 vec = np.asarray(vec, np.float32)[:dim]
                 out[j, :len(vec)] = vec
                 has[j] = True
-    return dict(
-        doc=doc, local=local, tok_base=tok_base, tok_n=tok_n,
-        anchor_pos=starts.copy(), type_ids=type_ids, hop=np.minimum(hop, HOP_BUCKETS - 1),
-        stats=stats, token_node=token_node, hash_x=hash_x, rwse=rw,
-        knowledge=kn, has_knowledge=has_kn,
-        image=im, has_image=has_im, frequent=stats[:, FREQUENT_STAT] > 0.5,
-        spd=spd, etype=etype, eweight=eweight, erec=erec,
-        type_q=type_q, type_k=type_k, dense_tok=dense_tok,
-        view_sizes=list(sizes), block_size=cfg.block_size)
+    return dict(token_node=token_node, hash_x=hash_features(names, cfg), knowledge=kn,
+                has_knowledge=has_kn, image=im, has_image=has_im)
 
 
 def block_tables(batch: PackedBatch, block_size: int | None = None) -> tuple[np.ndarray, ...]:

@@ -280,68 +280,15 @@ class ViewSampler:
         """Views from the chosen nodes (by view, anchor first): their types, hops and stats,
         and every edge between two nodes of a view, looked up pair by pair in the nodes'
         neighbour-sorted edges (an edge both ends hold is taken from the one listed first)."""
-        t, m = self.table, self.cfg.max_nodes
-        b = len(anchors)
-        size = np.bincount(view, minlength=b)
-        bounds = np.r_[0, np.cumsum(size)]
+        m, b = self.cfg.max_nodes, len(anchors)
+        bounds = np.r_[0, np.cumsum(np.bincount(view, minlength=b))]
         local = np.arange(len(node)) - bounds[view]
         grid = np.full((b, m), -1, np.int64)
         grid[view, local] = np.arange(len(node))               # view, local -> chosen row
-
-        # the edges of the chosen nodes between chosen nodes, one block per distinct node,
-        # sorted by (block, neighbour); one group per (block, neighbour block): the run of
-        # its edges (one per action and direction), found by a sparse block x block matrix
-        distinct, block = np.unique(node, return_inverse=True)
-        parts = [t.edges[i] for i in distinct.tolist()]
-        raw = np.concatenate(parts) if parts else np.zeros((0, EDGE_DTYPE.itemsize), np.uint8)
-        edges = raw.view(EDGE_DTYPE).reshape(len(raw))
-        lengths = np.fromiter(map(len, parts), np.int64, len(parts))
-        to_block = np.full(len(t), -1, np.int64)
-        to_block[distinct] = np.arange(len(distinct))
-        nbr_block = to_block[edges["nbr"]]
-        among = nbr_block >= 0
-        edges, nbr_block = edges[among], nbr_block[among]
-        own_block = np.repeat(np.arange(len(parts), dtype=np.int64), lengths)[among]
-        # distinct ids ascend, so (block, neighbour id) order is (block, neighbour block) order
-        starts = np.r_[True, (own_block[1:] != own_block[:-1]) | (nbr_block[1:] != nbr_block[:-1])] \
-            if len(edges) else np.zeros(0, bool)
-        group_start = np.flatnonzero(starts)
-        group_len = np.diff(np.r_[group_start, len(edges)])
-        groups = scipy.sparse.csr_matrix(
-            (np.arange(1, len(group_start) + 1), nbr_block[group_start],
-             np.r_[0, np.cumsum(np.bincount(own_block[group_start], minlength=len(parts) + 1))]),
-            shape=(len(parts) + 1, len(parts) + 1))
-
-        # every ordered pair (j, k) of a view, self pairs included, looked up in j's edges;
-        # j's taken block by block, so that the lookups walk the matrix in order; an empty
-        # place of a view reads as block `len(parts)`, a row and column without groups
-        by_block = np.argsort(block, kind="stable")
-        grid_block = np.where(grid >= 0, block[np.maximum(grid, 0)], len(parts))
-        found = np.asarray(groups[np.repeat(block[by_block], m),
-                                  grid_block[view[by_block]].ravel()]).ravel()
-        at_pair = np.flatnonzero(found)
-        g = found[at_pair] - 1
-        j_row = by_block[at_pair // m]
-        k_row = grid[view[j_row], at_pair % m]
-        lo, count = group_start[g], group_len[g]
-        pair = np.repeat(np.arange(len(lo)), count)
-        at = np.repeat(lo - np.cumsum(np.r_[0, count[:-1]]), count) + np.arange(len(pair))
-        j, k = local[j_row[pair]], local[k_row[pair]]
-        out = edges["dir"][at] == OUT
-        action = edges["action"][at].astype(np.int64)
-        src, dst = np.where(out, j, k), np.where(out, k, j)
-        v = view[j_row[pair]]
-        # one edge per (view, src, dst, action), from the end listed first (lowest j); in
-        # that order: one int64 key, 8 bits per local index and action, the view above
-        key = (((v << 8 | src) << 8 | dst) << 8 | action) << 8 | j
-        order = np.argsort(key)
-        key = key[order] >> 8
-        first = np.r_[True, key[1:] != key[:-1]] if len(key) else np.zeros(0, bool)
-        order = order[first]
-        v, src, dst, at = v[order], src[order], dst[order], at[order]
-        e = edges[at]
+        groups = _edge_groups(self.table, node)
+        v, src, dst, e = _view_edges(groups, view, local, grid)
         e_bounds = np.r_[0, np.cumsum(np.bincount(v, minlength=b))]
-
+        t = self.table
         names = list(operator.itemgetter(*node.tolist())(t.names)) if len(node) > 1 else \
             [t.names[i] for i in node.tolist()]
         types = t.types[node].astype(np.int16)
@@ -357,6 +304,77 @@ class ViewSampler:
                               edge_dst=dst[r:s], edge_action=action[r:s],
                               edge_weight=weight[r:s], edge_age=age[r:s]))
         return views
+
+
+@dataclass
+class _EdgeGroups:
+    """The edges of the chosen nodes between chosen nodes, one block per distinct node, sorted
+    by (block, neighbour); one group per (block, neighbour block): the run of its edges (one
+    per action and direction), found by a sparse (block + 1) x (block + 1) matrix whose
+    entries are group numbers + 1."""
+    edges: np.ndarray        # EDGE_DTYPE records
+    block: np.ndarray        # each chosen row's block
+    n_blocks: int
+    group_start: np.ndarray
+    group_len: np.ndarray
+    groups: scipy.sparse.csr_matrix
+
+
+def _edge_groups(t: AdjacencyTable, node: np.ndarray) -> _EdgeGroups:
+    distinct, block = np.unique(node, return_inverse=True)
+    parts = [t.edges[i] for i in distinct.tolist()]
+    raw = np.concatenate(parts) if parts else np.zeros((0, EDGE_DTYPE.itemsize), np.uint8)
+    edges = raw.view(EDGE_DTYPE).reshape(len(raw))
+    lengths = np.fromiter(map(len, parts), np.int64, len(parts))
+    to_block = np.full(len(t), -1, np.int64)
+    to_block[distinct] = np.arange(len(distinct))
+    nbr_block = to_block[edges["nbr"]]
+    among = nbr_block >= 0
+    edges, nbr_block = edges[among], nbr_block[among]
+    own_block = np.repeat(np.arange(len(parts), dtype=np.int64), lengths)[among]
+    # distinct ids ascend, so (block, neighbour id) order is (block, neighbour block) order
+    starts = np.r_[True, (own_block[1:] != own_block[:-1]) | (nbr_block[1:] != nbr_block[:-1])] \
+        if len(edges) else np.zeros(0, bool)
+    group_start = np.flatnonzero(starts)
+    group_len = np.diff(np.r_[group_start, len(edges)])
+    groups = scipy.sparse.csr_matrix(
+        (np.arange(1, len(group_start) + 1), nbr_block[group_start],
+         np.r_[0, np.cumsum(np.bincount(own_block[group_start], minlength=len(parts) + 1))]),
+        shape=(len(parts) + 1, len(parts) + 1))
+    return _EdgeGroups(edges, block, len(parts), group_start, group_len, groups)
+
+
+def _view_edges(g: _EdgeGroups, view: np.ndarray, local: np.ndarray, grid: np.ndarray):
+    """Every ordered pair (j, k) of a view, self pairs included, looked up in j's edges; j's
+    taken block by block, so that the lookups walk the matrix in order; an empty place of a
+    view reads as block `n_blocks`, a row and column without groups. -> (view, src, dst,
+    edge record) of one edge per (view, src, dst, action), from the end listed first."""
+    m = grid.shape[1]
+    block = g.block
+    by_block = np.argsort(block, kind="stable")
+    grid_block = np.where(grid >= 0, block[np.maximum(grid, 0)], g.n_blocks)
+    found = np.asarray(g.groups[np.repeat(block[by_block], m),
+                                grid_block[view[by_block]].ravel()]).ravel()
+    at_pair = np.flatnonzero(found)
+    gi = found[at_pair] - 1
+    j_row = by_block[at_pair // m]
+    k_row = grid[view[j_row], at_pair % m]
+    lo, count = g.group_start[gi], g.group_len[gi]
+    pair = np.repeat(np.arange(len(lo)), count)
+    at = np.repeat(lo - np.cumsum(np.r_[0, count[:-1]]), count) + np.arange(len(pair))
+    j, k = local[j_row[pair]], local[k_row[pair]]
+    out = g.edges["dir"][at] == OUT
+    action = g.edges["action"][at].astype(np.int64)
+    src, dst = np.where(out, j, k), np.where(out, k, j)
+    v = view[j_row[pair]]
+    # one edge per (view, src, dst, action), from the end listed first (lowest j); in
+    # that order: one int64 key, 8 bits per local index and action, the view above
+    key = (((v << 8 | src) << 8 | dst) << 8 | action) << 8 | j
+    order = np.argsort(key)
+    key = key[order] >> 8
+    first = np.r_[True, key[1:] != key[:-1]] if len(key) else np.zeros(0, bool)
+    order = order[first]
+    return v[order], src[order], dst[order], g.edges[at[order]]
 
 
 class _Reached:
