@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 from hirflow.encoder.quantize import BoMQuantizer  # noqa: E402
 from hirflow.encoder.quantizer_config import QuantizerConfig  # noqa: E402
 from hirflow.state.memindex import MemoryIndex  # noqa: E402
+from testkit.memindex import bulk_load  # noqa: E402
 
 
 def clustered(n: int, d: int, clusters: int, rng) -> np.ndarray:
@@ -98,7 +99,7 @@ def main() -> None:
     tokens = np.concatenate([quant.tokens(items[i:i + 100_000]) for i in range(0, n, 100_000)])
     utok = quant.tokens(users)
     ix = MemoryIndex(0, "bench", d, 8, 1, ["user", "ad"], codebooks=quant.codebooks_array())
-    ix.bulk_load([f"ad:{i}" for i in range(n)], items, tokens, np.zeros((n, 1), np.int32))
+    bulk_load(ix, [f"ad:{i}" for i in range(n)], items, tokens, np.zeros((n, 1), np.int32))
     print(f"built: {n:,} items, quantizer + tokens + index in {time.perf_counter() - t:.0f}s", flush=True)
     flat = faiss.IndexFlatIP(d)
     flat.add(items)

@@ -21,7 +21,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from hirflow.state.memindex_parts import CellLayout, TokenPostings, ivf_candidates
+from hirflow.state.memindex_parts import (CellLayout, TokenPostings, drop_removed_rows, grow_rows,
+                                         ivf_candidates, order_rows_by_first_token,
+                                         towards_prototypes)
 from hirflow.state.schema import UNKNOWN_TYPE, node_type, type_code_map
 
 
@@ -62,25 +64,13 @@ class MemoryIndex:
             return [node for j, node in enumerate(self.ids) if self.rows.get(node) == j]
 
     # -- writes (refresh thread) ----------------------------------------------------------
-    def _grow(self, need: int) -> None:
-        cap = len(self.emb)
-        if need <= cap:
-            return
-        new = max(need, cap * 2)
-        for name in ("emb", "tokens", "assign", "types", "seq"):
-            a = getattr(self, name)
-            b = np.full((new,) + a.shape[1:], -1 if name in ("tokens", "assign") else 0, a.dtype)
-            b[:cap] = a
-            setattr(self, name, b)
-        self.cells.grow(new)
-
     def upsert(self, node: str, emb: np.ndarray, tokens: Sequence[int], assign: Sequence[int],
                seq: int) -> None:
         with self.lock:
             row = self.rows.get(node)
             if row is None:
                 row = self.n
-                self._grow(row + 1)
+                grow_rows(self, row + 1)
                 self.rows[node] = row
                 self.ids.append(node)
                 self.types[row] = self.type_code.get(node_type(node), UNKNOWN_TYPE)
@@ -96,25 +86,6 @@ class MemoryIndex:
             self.postings.add(row, set(int(x) for x in tokens) - old)
         if self.postings.pending > max(50_000, self.n // 4):
             self.compact()
-
-    def bulk_load(self, ids: Sequence[str], emb: np.ndarray, tokens: np.ndarray,
-                  assign: np.ndarray, seq: np.ndarray | None = None) -> None:
-        """Load many rows at once (startup from RocksDB, benchmarks), then compact."""
-        with self.lock:
-            start = self.n
-            n = len(ids)
-            self._grow(start + n)
-            sl = slice(start, start + n)
-            self.emb[sl] = emb
-            self.tokens[sl] = tokens
-            self.assign[sl] = assign
-            self.seq[sl] = 0 if seq is None else seq
-            self.types[sl] = [self.type_code.get(node_type(i), UNKNOWN_TYPE) for i in ids]
-            for j, node in enumerate(ids):
-                self.rows[node] = start + j
-            self.ids.extend(ids)
-            self.n += n
-        self.compact()
 
     def remove(self, node: str) -> None:
         """Take a node out of the index (it expired): its row answers nothing from now on
@@ -133,18 +104,6 @@ class MemoryIndex:
         if self.removed > max(10_000, self.n // 4):
             self.compact()
 
-    def _drop_removed(self) -> None:
-        live = np.zeros(self.n, bool)
-        live[list(self.rows.values())] = True
-        n = int(live.sum())
-        for name in ("emb", "tokens", "assign", "types", "seq"):
-            a = getattr(self, name)
-            a[:n] = a[:self.n][live]
-            a[n:self.n] = -1 if name in ("tokens", "assign") else 0
-        self.ids = [node for node, keep in zip(self.ids, live.tolist()) if keep]
-        self.rows = {node: j for j, node in enumerate(self.ids)}
-        self.n, self.removed = n, 0
-
     def compact(self) -> None:
         """Drop the rows of removed nodes and rebuild the per-token posting arrays from the
         token matrix (the truth); with codebooks, first reorder the rows by first token (the
@@ -152,21 +111,11 @@ class MemoryIndex:
         the next upsert."""
         with self.lock:
             if self.removed:
-                self._drop_removed()
+                drop_removed_rows(self)
             if self.codebooks is not None and self.n:
-                self._order_by_first_token()
+                order_rows_by_first_token(self)
                 self.cells.lay_out(self.tokens[:self.n, 0])
             self.postings.rebuild(self.tokens[:self.n])
-
-    def _order_by_first_token(self) -> None:
-        n = self.n
-        order = np.argsort(self.tokens[:n, 0], kind="stable")
-        if (order != np.arange(n)).any():
-            for name in ("emb", "tokens", "assign", "types", "seq"):
-                a = getattr(self, name)
-                a[:n] = a[:n][order]
-            self.ids = [self.ids[i] for i in order]
-            self.rows = {node: j for j, node in enumerate(self.ids)}
 
     def set_seq(self, node: str, seq: int) -> None:
         """A new published seq for an indexed node whose record is otherwise unchanged."""
@@ -194,18 +143,7 @@ class MemoryIndex:
             r = self.rows.get(node)
             if r is None or self.prototypes is None:
                 return None
-            return float(self._towards_prototypes(np.array([r]))[0] @ self.prototypes[level][prim])
-
-    def _towards_prototypes(self, rows: np.ndarray) -> np.ndarray:
-        """Embeddings of `rows` less their type's mean, unit length (as the model assigns), in
-        the prototypes' coordinates: the first ones (a collaborative block follows them)."""
-        x = self.emb[rows]
-        if self.prototypes is not None:
-            x = x[:, :self.prototypes[0].shape[1]]
-        if self.centres is None:
-            return x
-        x = x - self.centres[self.types[rows]]
-        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+            return float(towards_prototypes(self, np.array([r]))[0] @ self.prototypes[level][prim])
 
     def assignments(self, nodes: Sequence[str]) -> np.ndarray:
         """(len(nodes), levels) assignment per level of each node, in one gather; rows of
@@ -277,7 +215,7 @@ class MemoryIndex:
                 codes = [self.type_code[t] for t in types if t in self.type_code]
                 rows = rows[np.isin(self.types[rows], codes)]
             if self.prototypes is not None:
-                scores = self._towards_prototypes(rows) @ self.prototypes[level][prim]
+                scores = towards_prototypes(self, rows) @ self.prototypes[level][prim]
             else:
                 scores = np.zeros(len(rows), np.float32)
             order = np.argsort(-scores, kind="stable")[:k]

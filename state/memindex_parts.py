@@ -1,6 +1,7 @@
 """What a `MemoryIndex` keeps beside its matrices, per-token posting lists and the IVF layout
-of the first codebook, and the candidate search over that layout. All run under the index's
-lock."""
+of the first codebook; the upkeep of its per-row columns (grow, drop removed rows, reorder);
+the candidate search over the layout and the projection into the prototypes' space. All run
+under the index's lock."""
 from __future__ import annotations
 
 import numpy as np
@@ -127,3 +128,63 @@ def ivf_candidates(ix, q: np.ndarray, toks: set[int], limit: int) -> tuple[np.nd
     if not rows:
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
     return np.concatenate(rows), np.concatenate(scores)
+
+
+# the index's per-row columns, kept parallel: grown, filtered and reordered together
+ROW_COLUMNS = ("emb", "tokens", "assign", "types", "seq")
+
+
+def _empty(name: str) -> int:
+    return -1 if name in ("tokens", "assign") else 0
+
+
+def grow_rows(ix, need: int) -> None:
+    """Room for `need` rows in every column of MemoryIndex `ix` (doubling)."""
+    cap = len(ix.emb)
+    if need <= cap:
+        return
+    new = max(need, cap * 2)
+    for name in ROW_COLUMNS:
+        a = getattr(ix, name)
+        b = np.full((new,) + a.shape[1:], _empty(name), a.dtype)
+        b[:cap] = a
+        setattr(ix, name, b)
+    ix.cells.grow(new)
+
+
+def drop_removed_rows(ix) -> None:
+    """The rows of removed nodes out of `ix`'s columns, the others moved up in order."""
+    live = np.zeros(ix.n, bool)
+    live[list(ix.rows.values())] = True
+    n = int(live.sum())
+    for name in ROW_COLUMNS:
+        a = getattr(ix, name)
+        a[:n] = a[:ix.n][live]
+        a[n:ix.n] = _empty(name)
+    ix.ids = [node for node, keep in zip(ix.ids, live.tolist()) if keep]
+    ix.rows = {node: j for j, node in enumerate(ix.ids)}
+    ix.n, ix.removed = n, 0
+
+
+def order_rows_by_first_token(ix) -> None:
+    """`ix`'s rows sorted (stably) by their first token: the IVF layout's blocks."""
+    n = ix.n
+    order = np.argsort(ix.tokens[:n, 0], kind="stable")
+    if (order != np.arange(n)).any():
+        for name in ROW_COLUMNS:
+            a = getattr(ix, name)
+            a[:n] = a[:n][order]
+        ix.ids = [ix.ids[i] for i in order]
+        ix.rows = {node: j for j, node in enumerate(ix.ids)}
+
+
+def towards_prototypes(ix, rows: np.ndarray) -> np.ndarray:
+    """Embeddings of `ix`'s `rows` less their type's mean, unit length (as the model assigns),
+    in the prototypes' coordinates: the first ones (a collaborative block follows them)."""
+    x = ix.emb[rows]
+    if ix.prototypes is not None:
+        x = x[:, :ix.prototypes[0].shape[1]]
+    if ix.centres is None:
+        return x
+    x = x - ix.centres[ix.types[rows]]
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)

@@ -5,6 +5,7 @@ import numpy as np
 from hirflow.encoder.quantize import BoMQuantizer
 from hirflow.encoder.quantizer_config import QuantizerConfig
 from hirflow.state.memindex import MemoryIndex
+from testkit.memindex import bulk_load
 
 
 def _world(n=6000, d=32, seed=0):
@@ -19,7 +20,7 @@ def _world(n=6000, d=32, seed=0):
 def _index(x, quant, codebooks=True):
     ix = MemoryIndex(0, "t", x.shape[1], 4, 1, ["ad"], nbits=6,
                      codebooks=quant.codebooks_array() if codebooks else None)
-    ix.bulk_load([f"ad:{i}" for i in range(len(x))], x, quant.tokens(x), np.zeros((len(x), 1), np.int32))
+    bulk_load(ix, [f"ad:{i}" for i in range(len(x))], x, quant.tokens(x), np.zeros((len(x), 1), np.int32))
     return ix
 
 
@@ -128,7 +129,7 @@ def test_assignments_of_many_nodes_after_compaction_reordered_the_rows():
     x, quant = _world(n=500)
     ix = MemoryIndex(0, "t", x.shape[1], 4, 2, ["ad"], nbits=6, codebooks=quant.codebooks_array())
     assign = np.stack([np.arange(500), np.arange(500) % 7], 1).astype(np.int32)
-    ix.bulk_load([f"ad:{i}" for i in range(500)], x, quant.tokens(x), assign)
+    bulk_load(ix, [f"ad:{i}" for i in range(500)], x, quant.tokens(x), assign)
     got = ix.assignments(["ad:3", "ad:499", "ad:nope"])
     assert got.tolist() == [[3, 3], [499, 2], [-1, -1]]
     assert ix.assignments(["ad:nope"]).tolist() == [[-1, -1]]
@@ -146,7 +147,7 @@ def test_members_and_cosines_measure_nodes_less_their_types_mean():
     near, far = e[0] * 3 + e[1], e[0] * 3 + e[2]
     emb = np.stack([far, near, e[1] + e[2]])
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    ix.bulk_load(["ad:far", "ad:near", "user:u"], emb, np.zeros((3, 2), np.int64), np.zeros((3, 1), np.int32))
+    bulk_load(ix, ["ad:far", "ad:near", "user:u"], emb, np.zeros((3, 2), np.int64), np.zeros((3, 1), np.int32))
     got = ix.members(0, 0)
     assert [n for n, _ in got] == ["ad:near", "user:u", "ad:far"]
     assert abs(got[0][1] - 1.0) < 1e-6 and abs(ix.prototype_cosine("ad:near", 0, 0) - 1.0) < 1e-6
