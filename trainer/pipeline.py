@@ -23,7 +23,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -90,6 +90,28 @@ def chunk_plan(events: Sequence[Engagement], chunk_ms: int, batch_edges: int, ma
     return plan
 
 
+def _chunk_indices(events: Sequence[Engagement], plan: list[list[np.ndarray]], chunk_prefix: int
+                   ) -> tuple[dict[int, dict[str, tuple[list[int], list[int]]]], dict[int, dict[str, float]]]:
+    """Per chunk with steps: source -> (times, event indices) of its events in the chunk in
+    time order (only with `chunk_prefix`), and each destination's share of its events."""
+    by_src_of: dict[int, dict[str, tuple[list[int], list[int]]]] = {}
+    dst_share: dict[int, dict[str, float]] = {}
+    for k, steps in enumerate(plan):
+        if len(steps) > 1 and chunk_prefix:
+            by_src: dict[str, tuple[list[int], list[int]]] = {}
+            for i in sorted(steps[0], key=lambda i: (events[i].ts, i)):
+                ts, ids = by_src.setdefault(events[i].src, ([], []))
+                ts.append(events[i].ts)
+                ids.append(int(i))
+            by_src_of[k] = by_src
+        if len(steps) > 1:
+            counts: dict[str, int] = {}
+            for i in steps[0]:
+                counts[events[i].dst] = counts.get(events[i].dst, 0) + 1
+            dst_share[k] = {n: c / len(steps[0]) for n, c in counts.items()}
+    return by_src_of, dst_share
+
+
 class BatchPipeline:
     """Iterate `Prepared` steps and `ChunkDone` markers in order; see the module docstring.
 
@@ -111,8 +133,6 @@ class BatchPipeline:
         self.teacher_anchors = teacher_anchors
         self.sampled_negatives = sampled_negatives
         self.chunk_prefix = chunk_prefix
-        # chunk -> source -> (times, event indices) of its events in the chunk, in time order
-        self._by_src: dict[int, dict[str, tuple[list[int], list[int]]]] = {}
         self.item_types = set(schema.item_node_types)
         self.items: list[str] = []                    # items seen so far (sampled negatives)
         self.store = GraphStore(store_dir, schema, 1)
@@ -123,20 +143,7 @@ class BatchPipeline:
         self._local = threading.local()
         self._lock = threading.Lock()
         self.sample_s = 0.0        # sampling + packing time, summed over workers
-        self._dst_share: dict[int, dict[str, float]] = {}
-        for k, steps in enumerate(plan):
-            if len(steps) > 1 and chunk_prefix:
-                by_src: dict[str, tuple[list[int], list[int]]] = {}
-                for i in sorted(steps[0], key=lambda i: (events[i].ts, i)):
-                    ts, ids = by_src.setdefault(events[i].src, ([], []))
-                    ts.append(events[i].ts)
-                    ids.append(int(i))
-                self._by_src[k] = by_src
-            if len(steps) > 1:
-                counts: dict[str, int] = {}
-                for i in steps[0]:
-                    counts[events[i].dst] = counts.get(events[i].dst, 0) + 1
-                self._dst_share[k] = {n: c / len(steps[0]) for n, c in counts.items()}
+        self._by_src, self._dst_share = _chunk_indices(events, plan, chunk_prefix)
 
     def _pair(self) -> tuple[ViewSampler, ViewSampler]:
         pair = getattr(self._local, "pair", None)
@@ -292,55 +299,62 @@ class BatchPipeline:
                 else:
                     yield self._prepare(*job)
             return
-        yield from self._threaded()
-
-    def _threaded(self) -> Iterator[Prepared | ChunkDone]:
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-
-        def put(item) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def produce(pool: ThreadPoolExecutor) -> None:
-            try:
-                pending: list[Future] = []
-                for job in self._jobs():
-                    if isinstance(job, ChunkDone):
-                        for f in pending:                # the chunk is sampled: now write it
-                            f.exception()
-                        pending = []
-                        self._apply(job.chunk)
-                        if not put(job):
-                            return
-                    else:
-                        f = pool.submit(self._prepare, *job)
-                        pending.append(f)
-                        if not put(f):
-                            return
-                put(None)
-            except BaseException as exc:                  # surfaces in the model thread
-                put(exc)
-
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="hirflow-sample") as pool:
-            producer = threading.Thread(target=produce, args=(pool,), name="hirflow-batches", daemon=True)
-            producer.start()
-            try:
-                while True:
-                    item = q.get()
-                    if item is None:
-                        return
-                    if isinstance(item, BaseException):
-                        raise item
-                    yield item.result() if isinstance(item, Future) else item
-            finally:
-                stop.set()
-                producer.join()
+        yield from in_threads(self._jobs(), self._prepare, self._apply, self.workers, self.prefetch)
 
     def close(self) -> None:
         self.store.close()
+
+
+def in_threads(jobs: Iterator[tuple | ChunkDone], prepare: Callable[..., Prepared],
+               apply: Callable[[int], None], workers: int, prefetch: int
+               ) -> Iterator[Prepared | ChunkDone]:
+    """`jobs` in order, each step's `prepare` run in a pool of `workers` threads at most
+    `prefetch` items ahead of the consumer; at a `ChunkDone` the chunk's steps are finished
+    first, then `apply` writes the chunk (a step never sees its own chunk). A producer's
+    error is raised in the consumer's thread."""
+    q: queue.Queue = queue.Queue(maxsize=prefetch)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce(pool: ThreadPoolExecutor) -> None:
+        try:
+            pending: list[Future] = []
+            for job in jobs:
+                if isinstance(job, ChunkDone):
+                    for f in pending:                # the chunk is sampled: now write it
+                        f.exception()
+                    pending = []
+                    apply(job.chunk)
+                    if not put(job):
+                        return
+                else:
+                    f = pool.submit(prepare, *job)
+                    pending.append(f)
+                    if not put(f):
+                        return
+            put(None)
+        except BaseException as exc:                  # surfaces in the model thread
+            put(exc)
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="hirflow-sample") as pool:
+        producer = threading.Thread(target=produce, args=(pool,), name="hirflow-batches", daemon=True)
+        producer.start()
+        try:
+            while True:
+                item = q.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item.result() if isinstance(item, Future) else item
+        finally:
+            stop.set()
+            producer.join()
