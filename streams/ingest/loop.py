@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from hirflow.state.events import Engagement, EventError, Validator
 from hirflow.state.writer import BOTH_SIDES, GraphWriter
@@ -25,8 +25,10 @@ from hirflow.streams.worker.broker_watch import WATCH
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.ingest.deadletter import DeadLetters
 from hirflow.streams.scaleout.routing import partitions_of
-from hirflow.streams.metrics import (APPLIED_OFFSET, BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, CONSUMER_LAG, EVENTS_APPLIED,
-                                     EVENTS_CONSUMED, EVENTS_SKIPPED, EVICTED_EDGES, NODES_EXPIRED)
+from hirflow.streams.metrics import (APPLIED_OFFSET, BATCH_SECONDS, BATCH_SIZE, CACHED_NODES, EVENTS_APPLIED,
+                                     EVICTED_EDGES, NODES_EXPIRED)
+from hirflow.streams.ingest.positions import (assign_after_stored, confirm_offsets, count_records,
+                                             refuse_collisions, report_lag, rewind, went_back)
 from hirflow.streams.ingest.side_router import SideRouter
 from hirflow.streams.ingest.topic_identity import IdentityGuard
 from hirflow.streams.topics import Topics
@@ -54,7 +56,8 @@ class IngestLoop:
         self._owned = frozenset(self.partitions)
         self._single = cfg.worker.count == 1
         self.consumer = consumer or clients.consumer(cfg.kafka, cfg.ingest.group_id)
-        self.producer = producer or clients.producer(cfg.kafka, on_delivery=self._on_delivery)
+        self.producer = producer or clients.producer(
+            cfg.kafka, on_delivery=lambda err, msg: self.sides.on_delivery(err, msg))
         self.dead = DeadLetters(self.producer, topics.dead_letter, cfg.kafka.max_message_bytes)
         self.sides = SideRouter(writer, self.producer, topics.reverse, self._owned,
                                 self.validator, self.dead)
@@ -77,18 +80,10 @@ class IngestLoop:
 
     # -- setup ----------------------------------------------------------------------------
     def _assign(self) -> None:
-        tps = []
-        for topic in (self.topics.engagements, self.topics.reverse):
-            for p in self.partitions:
-                stored = self.writer.stored_offset(topic, p)
-                APPLIED_OFFSET.labels(topic, str(p)).set(stored)
-                tps.append(TopicPartition(topic, p, stored + 1 if stored >= 0 else OFFSET_BEGINNING))
-        self.consumer.assign(tps)
+        assign_after_stored(self.consumer, self.writer, (self.topics.engagements, self.topics.reverse),
+                            self.partitions)
         log.info("ingest assigned partitions %s of %s (resuming after stored offsets)",
                  self.partitions, self.topics.engagements)
-
-    def _on_delivery(self, err, msg) -> None:
-        self.sides.on_delivery(err, msg)
 
     # -- one batch --------------------------------------------------------------------------
     def poll_once(self, timeout: float | None = None) -> int:
@@ -98,10 +93,12 @@ class IngestLoop:
         msgs = self.consumer.consume(self.cfg.ingest.batch_max, timeout=t)
         # the topics' identity, checked whenever it may have changed (with records in hand, or
         # as soon as the broker answers: a recreated topic may hold nothing past our offsets)
-        if self.identity.due(bool(msgs) and self._went_back(msgs)) and (msgs or WATCH.up):
+        if self.identity.due(bool(msgs) and went_back(msgs, self.writer.offsets)) \
+                and (msgs or WATCH.up):
             self.identity.check()
         if msgs and not self.identity.verified:
-            self._rewind(msgs)                  # not known to be the state's topics: apply nothing
+            rewind(self.consumer, msgs)         # not known to be the state's topics: apply nothing
+            time.sleep(0.5)                     # the broker is away: no busy loop
             msgs = []
         if msgs:
             t0 = time.perf_counter()
@@ -130,24 +127,6 @@ class IngestLoop:
             self._confirm_kafka_offsets()
         self._maybe_lag()
         return len(msgs)
-
-    def _went_back(self, msgs) -> bool:
-        """Whether a record lies at or behind its partition's stored offset: the consumer
-        was assigned past them, so its topic started over (or a crash is being replayed)."""
-        stored = self.writer.offsets
-        return any(m.error() is None and m.offset() <= stored.get((m.topic(), m.partition()), -1)
-                   for m in msgs)
-
-    def _rewind(self, msgs) -> None:
-        """Seek each partition back to its first record of `msgs`: they are read again."""
-        first: dict[tuple[str, int], int] = {}
-        for m in msgs:
-            if m.error() is None:
-                k = (m.topic(), m.partition())
-                first[k] = min(first.get(k, m.offset()), m.offset())
-        for (topic, p), off in first.items():
-            self.consumer.seek(TopicPartition(topic, p, off))
-        time.sleep(0.5)                           # the broker is away: no busy loop
 
     def commit(self) -> None:
         """Make everything consumed so far durable: sends acked, then one RocksDB batch with
@@ -222,28 +201,11 @@ class IngestLoop:
                     good_msgs.append(m)
         collided = writer.apply_batch(good)
         if collided:                                # dead letters, sent before the commit
-            good = self._refuse_collisions(good, good_msgs, collided)
-        for topic, (n_in, _, n_skip) in counts.items():
-            if n_in:
-                EVENTS_CONSUMED.labels(topic).inc(n_in)
-            if n_skip:
-                EVENTS_SKIPPED.labels(topic).inc(n_skip)
+            good = refuse_collisions(self.dead, good, good_msgs, collided)
+        count_records(counts)
         EVENTS_APPLIED.labels(eng).inc(len(good))
         self.applied += len(good)
         return last
-
-    def _refuse_collisions(self, good, msgs, collided: set[str]) -> list[tuple[Engagement, int]]:
-        """Dead-letter the engagements that touch a node whose key belongs to another node."""
-        kept = []
-        for item, m in zip(good, msgs):
-            ev = item[0]
-            if ev.src in collided or ev.dst in collided:
-                self.dead.send(m, "node_key_collision",
-                               f"the 8-byte key of {ev.src if ev.src in collided else ev.dst!r} "
-                               f"belongs to another node")
-            else:
-                kept.append(item)
-        return kept
 
     # -- metrics --------------------------------------------------------------------------
     def _maybe_lag(self) -> None:
@@ -251,14 +213,7 @@ class IngestLoop:
         if now - self._last_lag < self.cfg.worker.metrics_interval_s:
             return
         self._last_lag = now
-        try:
-            for tp in self.consumer.position(self.consumer.assignment()):
-                if tp.offset < 0:
-                    continue
-                _, high = self.consumer.get_watermark_offsets(tp, cached=True) or (0, 0)
-                CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
-        except Exception as exc:  # metrics must never stop ingest
-            log.debug("lag metric failed: %s", exc)
+        report_lag(self.consumer)
 
     # -- lifecycle ------------------------------------------------------------------------
     def _forget_pending(self) -> None:
@@ -270,14 +225,10 @@ class IngestLoop:
     def _confirm_kafka_offsets(self) -> None:
         """Commit the newest durable offsets to Kafka and wait for the answer (the stream is
         idle, so the wait costs nothing); on failure the next idle interval tries again."""
-        offsets = [TopicPartition(tp, p, off + 1) for (tp, p), off in self._unconfirmed.items()]
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("committing offsets to Kafka failed (state is durable; retrying): %s", exc)
+        if confirm_offsets(self.consumer, self._unconfirmed):
+            self._unconfirmed = {}
+        else:
             self._last_record = time.monotonic()       # wait another idle second
-            return
-        self._unconfirmed = {}
 
     def flush(self) -> None:
         """Commit whatever was consumed since the last commit (graceful shutdown)."""
