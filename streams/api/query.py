@@ -8,6 +8,7 @@ what is wrong; nothing a caller sends may produce a 500.
 from __future__ import annotations
 
 import base64
+import functools
 import time
 from typing import Callable, Iterable, Mapping
 
@@ -15,7 +16,10 @@ import numpy as np
 
 from hirflow.encoder.serving import COLD_MODEL_ID
 from hirflow.state.supergraph import SuperGraph
-from hirflow.state.views import View
+from hirflow.state.graph import GraphStore
+from hirflow.state.routed_reader import RoutedReader
+from hirflow.state.schema import SchemaConfig
+from hirflow.state.views import STUDENT, View, ViewSampler
 from hirflow.streams.api.neighbourhood import neighbourhood_items
 from hirflow.streams.refresh.serving_snapshot import ServingSnapshot
 
@@ -51,6 +55,17 @@ def _query(embedding: np.ndarray, tokens, k: int) -> dict:
     return {"embedding": base64.b64encode(embedding.tobytes()).decode(), "tokens": tokens, "k": k}
 
 
+def student_view(store: GraphStore, peers, schema: SchemaConfig, node: str, cutoff: int,
+                 seed: int) -> View | None:
+    """The student view of `node` (None if this worker has no record of it) as of `cutoff`,
+    its walks seeded by `seed`, sampled afresh from the committed state with other workers'
+    nodes read from their owners (`peers`, None with one worker): what the encoder sees."""
+    if store.reader.state(node) is None:
+        return None
+    reader = store.reader if peers is None else RoutedReader(store.reader, peers)
+    return ViewSampler(reader, schema, STUDENT, seed=seed, cache_size=4096).sample([node], cutoff)[0]
+
+
 class QueryService:
     """Read-only: `serving` returns the current snapshot, `status` the worker's status."""
 
@@ -71,7 +86,9 @@ class QueryService:
         """The query service of a `RefreshLoop`."""
         schema = refresh.cfg.schema
         return cls(lambda: refresh.serving, refresh.supergraph, refresh.types, refresh.status,
-                   schema.item_node_types, refresh.view_of, schema.all_actions)
+                   schema.item_node_types, functools.partial(student_view, refresh.store,
+                                                             refresh.peers, schema),
+                   schema.all_actions)
 
     # -- parameter helpers ----------------------------------------------------------------
     def _types(self, params) -> list[str] | None:

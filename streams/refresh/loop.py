@@ -4,8 +4,9 @@ it announcements), so every index write comes from this one thread and none can 
 
 This module is the orchestrator; its parts each own one job: `GenerationWriter` (encode and
 stage records), `TokenOutbox` (produce and confirm token changes), `NeighborQueue`
-(neighbours to refresh within a rate budget), `HotSwapBuild` (build, switch, announce) and
-`ServingSnapshot` (what queries read).
+(neighbours to refresh within a rate budget) and the forwarder of other workers' neighbours,
+`HotSwapBuild` (build, switch, announce), `ServingSnapshot` (what queries read, and what a
+worker starts with) and `refresh_metrics` (its Prometheus figures).
 
 Views are sampled a batch ahead, by default in child processes on followers of the store
 (`state.view_source`, `state.view_pool`, `refresh.sample_process` and `sample_processes`:
@@ -36,27 +37,24 @@ from dataclasses import dataclass
 
 from hirflow.encoder.serving import ServingModel, default_device, set_cpu_threads
 from hirflow.state.graph import GraphStore
-from hirflow.state.index import ACTIVE_KEY, TokenIndex
-from hirflow.state.routed_reader import RoutedReader
+from hirflow.state.index import TokenIndex
 from hirflow.state.supergraph import SuperGraph
 from hirflow.state.view_pool import ViewPool
 from hirflow.state.view_source import LocalViews, Sampled
-from hirflow.state.views import STUDENT, View, ViewSampler
+from hirflow.state.views import STUDENT
 from hirflow.state.writer import GraphWriter
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.worker.cores import default_sample_processes
 from hirflow.streams.refresh.generation_writer import GenerationWriter
 from hirflow.streams.hotswap.build import HotSwapBuild
-from hirflow.streams.metrics import (CHECKPOINTS_REFUSED, INDEX_GENERATION, INDEX_NODES,
-                                     MODEL_COLLAPSED, MODEL_INFO, NEIGHBOR_REQUESTS, NODES_REFRESHED, PEER_READS, REFRESH_BATCH,
-                                     REFRESH_SECONDS, SWAP_PROGRESS, VIEW_SAMPLE_SECONDS,
-                                     VIEW_WAIT_SECONDS)
-from hirflow.streams.refresh.neighbor_forward import NeighborForwarder, NeighborInbox
+from hirflow.streams.metrics import CHECKPOINTS_REFUSED, VIEW_WAIT_SECONDS
+from hirflow.streams.refresh.neighbor_forward import NeighborInbox, neighbor_forwarder
 from hirflow.streams.refresh.neighbor_queue import NeighborQueue
 from hirflow.streams.scaleout.peer_reads import PeerRecords
 from hirflow.streams.scaleout.routing import owner_of
-from hirflow.streams.refresh.serving_snapshot import ServingSnapshot, empty_memory
+from hirflow.streams.refresh.refresh_metrics import count_refreshed, count_sampled, serving_gauges
+from hirflow.streams.refresh.serving_snapshot import ServingSnapshot, open_serving
 from hirflow.streams.refresh.token_outbox import TokenOutbox
 from hirflow.streams.topics import Topics
 from hirflow.trainer.announcement import Announcement
@@ -75,6 +73,17 @@ class _Batch:
     claimed: dict[str, int]
     nodes: dict[str, int]
     ticket: int
+
+
+def view_source(cfg: HirflowConfig, store: GraphStore, peers: PeerRecords | None
+                ) -> ViewPool | LocalViews:
+    """Where the loop's student views are sampled: child processes on followers of the store
+    (`refresh.sample_process`), or this process; other workers' nodes read from `peers`."""
+    routed = {"peers": peers, "peer_ttl_s": cfg.worker.peer_cache_s}
+    if cfg.refresh.sample_process:
+        processes = cfg.refresh.sample_processes or default_sample_processes()
+        return ViewPool(store, cfg.schema, STUDENT, cfg.refresh.seed, processes, **routed)
+    return LocalViews(store, cfg.schema, STUDENT, cfg.refresh.seed, **routed)
 
 
 class RefreshLoop:
@@ -99,17 +108,8 @@ class RefreshLoop:
         # neighbour refreshes of their nodes are asked of them
         self.peers = PeerRecords.of(cfg)
         self.inbox = NeighborInbox()
-        self.forward = NeighborForwarder(self.peers) if self.peers is not None else None
-        if self.owns is not None and self.peers is None:
-            log.warning("%d workers without worker.peer_url: views see this worker's nodes only, "
-                        "and neighbour refreshes of other workers' nodes are dropped (counted in "
-                        "hirflow_neighbor_requests_total{direction=\"dropped\"})", w.count)
-        routed = {"peers": self.peers, "peer_ttl_s": cfg.worker.peer_cache_s}
-        if self.rcfg.sample_process:
-            processes = self.rcfg.sample_processes or default_sample_processes()
-            self.views = ViewPool(store, cfg.schema, STUDENT, self.rcfg.seed, processes, **routed)
-        else:
-            self.views = LocalViews(store, cfg.schema, STUDENT, self.rcfg.seed, **routed)
+        self.forward = neighbor_forwarder(self.peers, w.count)
+        self.views = view_source(cfg, store, self.peers)
         self.swap = HotSwapBuild(self.rcfg, store, self.index, self.supergraph, self.views,
                                  self.generations, self.outbox, self._load, self.types)
         self.stop = threading.Event()
@@ -122,26 +122,12 @@ class RefreshLoop:
 
     # -- start-up -------------------------------------------------------------------------
     def _open(self) -> ServingSnapshot:
-        gen, _, path = self.index.active()
-        model = None
-        if path:
-            model = self._load(path)
-        elif self.rcfg.checkpoint:
-            model = self._load(self.rcfg.checkpoint)
-            if model is not None:
-                b = self.index.batch()
-                b.set_meta(ACTIVE_KEY, [gen, model.id, model.path])
-                b.commit()
-        model = model or ServingModel.cold_start(self.types)
-        memory = empty_memory(gen, model, self.types)
-        for rec in self.index.iter_records(gen):
-            memory.upsert(rec.node, rec.emb, rec.tokens, rec.assign, rec.seq)
-        memory.compact()
-        serving = ServingSnapshot(gen, model, memory)
+        serving = open_serving(self.index, self.types, self._load, self.rcfg.checkpoint)
         self.swap.resume(serving)
         self.outbox.resend_pending()
         self._gauges(serving)
-        log.info("serving %s (generation %d, %d nodes)", model.id, gen, len(memory))
+        log.info("serving %s (generation %d, %d nodes)", serving.model.id, serving.gen,
+                 len(serving.memory))
         return serving
 
     def _load(self, path: str) -> ServingModel | None:
@@ -193,8 +179,7 @@ class RefreshLoop:
         if self._thread is not None:
             self._thread.join(timeout)
         self._give_back_ahead()
-        if self.forward is not None:
-            self.forward.close()
+        self.forward.close()
         self.outbox.confirm(replace=False)
         self.views.close()
 
@@ -262,10 +247,7 @@ class RefreshLoop:
         ids = list(nodes)
         serving, build = self.serving, self.swap.building
         sampled = sampled or self.views.sample(ids, now_ms(), serving.model.packer)
-        VIEW_SAMPLE_SECONDS.observe(sampled.seconds)
-        if sampled.peer_reads or sampled.peer_failures:
-            PEER_READS.labels("read").inc(sampled.peer_reads)
-            PEER_READS.labels("missing").inc(sampled.peer_failures)
+        count_sampled(sampled)
         ts = now_ms()
         batch = self.index.batch()
         out = self.generations.stage(batch, serving.gen, serving.model, serving.memory, ids,
@@ -286,36 +268,15 @@ class RefreshLoop:
         moved = [i for i, (_, rec, change) in enumerate(out) if change is not None and rec is not None]
         self.neighbors.queue(moved, sampled.edges, nodes,
                              self._ahead.nodes if self._ahead is not None else {})
-        foreign = self.neighbors.take_foreign()
-        if self.forward is not None:
-            self.forward.send(foreign)
-        elif foreign:                   # several workers, nowhere to send them
-            NEIGHBOR_REQUESTS.labels("dropped").inc(len(foreign))
+        self.forward.send(self.neighbors.take_foreign())
         self.outbox.send([c for _, _, c in out if c is not None])
         self.refreshed += len(ids)
-        NODES_REFRESHED.labels("dirty").inc(len(claimed))
-        NODES_REFRESHED.labels("neighbor").inc(len(ids) - len(claimed))
-        REFRESH_BATCH.observe(len(ids))
-        REFRESH_SECONDS.observe(time.perf_counter() - t0)
+        count_refreshed(len(claimed), len(ids), time.perf_counter() - t0)
         self._gauges(serving)
 
     # -- health and gauges ----------------------------------------------------------------
     def _gauges(self, serving: ServingSnapshot) -> None:
-        INDEX_NODES.set(len(serving.memory))
-        INDEX_GENERATION.set(serving.gen)
-        MODEL_INFO.labels(serving.model.id).set(1)
-        MODEL_COLLAPSED.labels(serving.model.id).set(int(serving.model.collapsed))
-        if self.swap.building is None:
-            SWAP_PROGRESS.set(1.0)
-
-    def view_of(self, node: str, cutoff: int, seed: int) -> View | None:
-        """The student view of `node` (None if this worker has no record of it) as of
-        `cutoff`, its walks seeded by `seed`, sampled afresh from the committed state with
-        other workers' nodes read from their owners: what the encoder sees of the node."""
-        if self.store.reader.state(node) is None:
-            return None
-        reader = self.store.reader if self.peers is None else RoutedReader(self.store.reader, self.peers)
-        return ViewSampler(reader, self.cfg.schema, STUDENT, seed=seed, cache_size=4096).sample([node], cutoff)[0]
+        serving_gauges(serving, swapping=self.swap.building is not None)
 
     def status(self) -> dict:
         serving = self.serving

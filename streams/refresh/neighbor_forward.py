@@ -71,6 +71,30 @@ class NeighborForwarder:
                         owner, len(rows), exc)
 
 
+class DroppedNeighbors:
+    """Where a worker without `worker.peer_url` among several sends its requests for other
+    workers' nodes: nowhere; they are counted as dropped."""
+
+    def send(self, requests: Mapping[str, int]) -> None:
+        if requests:
+            NEIGHBOR_REQUESTS.labels("dropped").inc(len(requests))
+
+    def close(self) -> None:
+        pass
+
+
+def neighbor_forwarder(peers: PeerRecords | None, workers: int) -> NeighborForwarder | DroppedNeighbors:
+    """The forwarder to other workers' refresh queues; without peers, one that drops (said
+    in one warning line when there are other workers)."""
+    if peers is not None:
+        return NeighborForwarder(peers)
+    if workers > 1:
+        log.warning("%d workers without worker.peer_url: views see this worker's nodes only, "
+                    "and neighbour refreshes of other workers' nodes are dropped (counted in "
+                    "hirflow_neighbor_requests_total{direction=\"dropped\"})", workers)
+    return DroppedNeighbors()
+
+
 class NeighborInbox:
     """Requests other workers sent, waiting for this worker's refresh thread (thread-safe:
     the web server appends, the refresh thread drains)."""
