@@ -8,11 +8,13 @@ actions and types come from `configs/ciaodvd.toml`, which the worker must load t
 """
 from __future__ import annotations
 
-import csv
 import datetime as dt
 from typing import Iterable, Iterator
 
 from hirflow.state.events import Engagement
+from hirflow.streams.tools.adapters.rows import csv_rows
+
+COLUMNS = ("userID", "movieID", "genreID", "reviewID", "rating", "date")
 
 LIKED_FROM = 4          # ratings at or above this are positives (the usual binarisation)
 
@@ -38,13 +40,7 @@ def _ms(date: str, lineno: int) -> int:
 
 def read(lines: Iterable[str]) -> Iterator[Engagement]:
     seen_movies: set[str] = set()
-    for lineno, row in enumerate(csv.reader(lines), 1):
-        if not row:
-            continue
-        if len(row) != 6:
-            raise CiaoFormatError(f"line {lineno}: expected 6 columns "
-                                  f"userID,movieID,genreID,reviewID,rating,date, got {len(row)}")
-        user, movie, genre, _review, rating, date = (c.strip() for c in row)
+    for lineno, (user, movie, genre, _review, rating, date) in csv_rows(lines, COLUMNS, CiaoFormatError):
         if rating not in ("1", "2", "3", "4", "5"):
             raise CiaoFormatError(f"line {lineno}: rating {rating!r} is not 1-5")
         t = _ms(date, lineno)

@@ -7,11 +7,12 @@ category type come from `configs/taobao.toml`, which the worker must load too.
 """
 from __future__ import annotations
 
-import csv
 from typing import Iterable, Iterator
 
 from hirflow.state.events import Engagement
+from hirflow.streams.tools.adapters.rows import csv_rows
 
+COLUMNS = ("user", "item", "category", "behavior", "ts")
 BEHAVIORS = ("pv", "fav", "cart", "buy")
 
 
@@ -21,13 +22,7 @@ class TaobaoFormatError(ValueError):
 
 def read(lines: Iterable[str]) -> Iterator[Engagement]:
     seen_products: set[str] = set()
-    for lineno, row in enumerate(csv.reader(lines), 1):
-        if not row:
-            continue
-        if len(row) != 5:
-            raise TaobaoFormatError(f"line {lineno}: expected 5 columns "
-                                    f"user,item,category,behavior,ts, got {len(row)}")
-        user, item, cat, behavior, ts = (c.strip() for c in row)
+    for lineno, (user, item, cat, behavior, ts) in csv_rows(lines, COLUMNS, TaobaoFormatError):
         if behavior not in BEHAVIORS:
             raise TaobaoFormatError(f"line {lineno}: unknown behavior {behavior!r}")
         try:
