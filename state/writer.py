@@ -136,18 +136,13 @@ class GraphWriter:
                 ahead[node] = newest
         for (src, dst, action, sides), (w, tref, n, first, last) in agg.items():
             rate = rates[action]
-            if sides & SRC_SIDE:
-                s = cache[src]
-                s.apply_sum(dst, action, OUT, w, tref, n, first, last, rate)
-                if len(s.edges) > limit:
-                    self.evicted_edges += s.trim(keep, rates)
-                touch(src, first, last)
-            if sides & DST_SIDE:
-                d = cache[dst]
-                d.apply_sum(src, action, IN, w, tref, n, first, last, rate)
-                if len(d.edges) > limit:
-                    self.evicted_edges += d.trim(keep, rates)
-                touch(dst, first, last)
+            for side, node, other, direction in ((SRC_SIDE, src, dst, OUT), (DST_SIDE, dst, src, IN)):
+                if sides & side:
+                    s = cache[node]
+                    s.apply_sum(other, action, direction, w, tref, n, first, last, rate)
+                    if len(s.edges) > limit:
+                        self.evicted_edges += s.trim(keep, rates)
+                    touch(node, first, last)
         self._changed.update(touched)
         self.dirty.touch_many(touched)
         if ahead:
