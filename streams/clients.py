@@ -4,8 +4,9 @@ not depend on this package)."""
 from __future__ import annotations
 
 import logging
+import time
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from hirflow.streams.worker.broker_watch import INTERVAL_MS, WATCH
@@ -25,6 +26,21 @@ def connection(cfg: KafkaConfig) -> dict:
 
 def admin(cfg: KafkaConfig) -> AdminClient:
     return AdminClient({**connection(cfg), "logger": KAFKA_LOG})
+
+
+def wait_for_cluster(cfg: KafkaConfig, probe_s: float = 5.0) -> float:
+    """Block until the cluster answers a metadata request (a worker started before its
+    broker); while it does not, `broker_watch` logs the outage (one line when it starts, one
+    every 30 s). -> the seconds waited."""
+    client, t0 = admin(cfg), time.monotonic()
+    while True:
+        try:
+            client.list_topics(timeout=probe_s)
+        except KafkaException:
+            WATCH.report("startup", False)
+            continue
+        WATCH.report("startup", True)
+        return time.monotonic() - t0
 
 
 def producer(cfg: KafkaConfig, **extra) -> Producer:

@@ -143,13 +143,14 @@ def follow_plan(cfg: HirflowConfig, poll_s: float = 2.0) -> HirflowConfig:
 
 
 @contextlib.contextmanager
-def waiting_page(host: str, port: int):
-    """While a worker waits for a plan that includes it: /health answers 200 (alive: a
-    liveness probe leaves it be) and everything else 503 (/ready: not serving)."""
+def waiting_page(host: str, port: int, status: str = "waiting for a plan that includes this worker"):
+    """While a worker waits before it can start (for a plan that includes it, or for its
+    broker): /health answers 200 (alive: a liveness probe leaves it be) and everything else
+    503 (/ready: not serving), with `status`."""
     class Page(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             alive = self.path.split("?")[0] == "/health"
-            body = json.dumps({"status": "waiting for a plan that includes this worker"}).encode()
+            body = json.dumps({"status": status}).encode()
             self.send_response(200 if alive else 503)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

@@ -13,7 +13,7 @@ from hirflow.streams import changes, clients
 from hirflow.streams.tools.replay import produce
 from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from hirflow.streams.topics import Topics
-from hirflow.streams.worker.worker_process import WorkerProcess, peer_ports
+from hirflow.streams.worker.worker_process import WorkerProcess, peer_ports, wait_http
 from tests.state.helpers import apply_direct, assert_same_state, digest
 from tests.streams.kafka_helpers import committed_total
 from tests.streams.view_helpers import assert_same_view, direct_view
@@ -439,6 +439,47 @@ def test_sigterm_with_the_broker_gone_ends_the_worker_within_twenty_seconds(tmp_
         outage = (tmp_path / "worker.log").read_bytes().splitlines()[at_kill:]
         assert len(outage) <= 20, (f"{len(outage)} log lines in ~20 s of outage:\n"
                                    + "\n".join(x.decode(errors="replace")[:200] for x in outage))
+    finally:
+        w.close()
+        b.stop()
+
+
+def test_a_worker_started_before_the_broker_applies_every_event_once_it_answers(tmp_path):
+    """`hirflow worker` started while nothing listens on its bootstrap port: it waits, alive
+    (/health 200, /ready 503), and once the broker starts and its topics are created it
+    applies every event produced, once (its state equals a direct apply); SIGTERM then ends
+    it within 20 s."""
+    from hirflow.streams.broker import EmbeddedBroker
+    from hirflow.streams.topics import ensure_topics
+    from tests.conftest import make_config
+    b = EmbeddedBroker()                                   # its port chosen, not started yet
+    cfg = make_config(tmp_path, bootstrap=b.bootstrap, partitions=2)
+    w = WorkerProcess(cfg, tmp_path / "worker.log", {"HIRFLOW_WORKER__KNOWLEDGE": "false",
+                                                      "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5"}).start()
+    try:
+        assert wait_http(w.url("/health"), timeout=90)     # alive while it waits
+        time.sleep(3)
+        assert w.proc.poll() is None, "the worker exited without a broker"
+        status, body = w.get("/ready")
+        assert status == 503 and b"waiting for the Kafka cluster" in body
+        b.start()
+        ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
+        world = SynthWorld(SynthConfig(events=600, users=40, advertisers=3, seed=5))
+        evs = [e for e in world.stream() if isinstance(e, Engagement)]
+        produce(cfg, evs, progress=False)
+        deadline = time.monotonic() + 120
+        while committed_total(cfg, Topics(cfg.kafka.topic_prefix).engagements) < len(evs):
+            assert time.monotonic() < deadline, "the worker did not apply the stream"
+            time.sleep(0.3)
+        assert w.metrics().get("hirflow_events_applied_total") == len(evs)
+        t = time.monotonic()
+        assert w.terminate(timeout=40) == 0
+        assert time.monotonic() - t <= 20
+        with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
+            after = digest(store)
+        with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
+            apply_direct(store, evs, cfg.graph)
+            assert_same_state(after, digest(store))
     finally:
         w.close()
         b.stop()
