@@ -1,4 +1,5 @@
-"""The real worker process: kill -9 mid-stream loses nothing and applies nothing twice;
+"""The real worker process: kill -9 mid-stream, a broker cut off and back, a broker that is
+not there yet: nothing lost, nothing applied twice, bounded stops;
 health, readiness, metrics and the entity agent answer."""
 import json
 import random
@@ -480,6 +481,63 @@ def test_a_worker_started_before_the_broker_applies_every_event_once_it_answers(
         with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
             apply_direct(store, evs, cfg.graph)
             assert_same_state(after, digest(store))
+    finally:
+        w.close()
+        b.stop()
+
+
+def test_a_broker_away_and_back_with_its_state_loses_nothing_and_applies_nothing_twice(tmp_path):
+    """The broker cut off for 20 s under a running worker (every connection closed, its port
+    refusing: a network outage, or a durable broker's restart) and back with its state,
+    events produced before, during and after: every event applied once (state equal to a
+    direct apply), token changes flowing again within 10 s of its return, at most a line a
+    second logged through the outage, SIGTERM within 20 s."""
+    import threading
+
+    from hirflow.streams.topics import ensure_topics
+    from tests.conftest import make_config
+    from tests.streams.outage import RelayedBroker
+    b = RelayedBroker().start()
+    cfg = make_config(tmp_path, bootstrap=b.bootstrap, partitions=2)
+    topics = Topics(cfg.kafka.topic_prefix)
+    ensure_topics(cfg.kafka, topics)
+    world = SynthWorld(SynthConfig(events=1500, users=60, advertisers=4, seed=9))
+    evs = [e for e in world.stream() if isinstance(e, Engagement)]
+    before, during, after = evs[:500], evs[500:1000], evs[1000:]
+    w = WorkerProcess(cfg, tmp_path / "worker.log", {"HIRFLOW_WORKER__KNOWLEDGE": "false",
+                                                      "HIRFLOW_WORKER__METRICS_INTERVAL_S": "0.5"}).start()
+    try:
+        produce(cfg, before, progress=False)
+        w.wait_metric("hirflow_events_applied_total", len(before), timeout=120)
+        w.wait_metric("hirflow_token_changes_total", 1, timeout=60)
+        lines_at_cut = (tmp_path / "worker.log").read_bytes().count(b"\n")
+        b.cut()
+        sent = threading.Thread(target=produce, args=(cfg, during), kwargs={"progress": False})
+        sent.start()                                # waits in the producer's queue
+        time.sleep(20)
+        outage = (tmp_path / "worker.log").read_bytes().splitlines()[lines_at_cut:]
+        changes_at_return = w.metrics().get("hirflow_token_changes_total", 0)
+        b.restore()
+        back = time.monotonic()
+        assert len(outage) <= 20, b"\n".join(outage).decode(errors="replace")
+        assert any(b"Kafka unreachable" in x for x in outage)
+        w.wait_metric("hirflow_token_changes_total", changes_at_return + 1, timeout=60)
+        assert time.monotonic() - back <= 10, "token changes did not resume within 10 s"
+        sent.join(90)
+        produce(cfg, after, progress=False)
+        deadline = time.monotonic() + 120
+        while committed_total(cfg, topics.engagements) < len(evs):
+            assert time.monotonic() < deadline, "the worker did not apply the stream"
+            time.sleep(0.3)
+        assert w.metrics().get("hirflow_events_applied_total") == len(evs)
+        t = time.monotonic()
+        assert w.terminate(timeout=40) == 0
+        assert time.monotonic() - t <= 20
+        with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
+            state = digest(store)
+        with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
+            apply_direct(store, evs, cfg.graph)
+            assert_same_state(state, digest(store))
     finally:
         w.close()
         b.stop()
