@@ -17,9 +17,7 @@ A plan needs the change log: a worker without it refuses a plan whose count is n
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import http.server
 import json
 import logging
 import os
@@ -34,6 +32,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from hirflow.streams import clients
 from hirflow.streams.config import HirflowConfig
 from hirflow.streams.topics import Topics
+from hirflow.streams.worker.waiting_page import waiting_page
 
 log = logging.getLogger(__name__)
 
@@ -140,35 +139,6 @@ def follow_plan(cfg: HirflowConfig, poll_s: float = 2.0) -> HirflowConfig:
             plan = newest_plan(cfg) or plan
     log.info("following the plan: %d workers (worker.count %d)", plan.count, w.count)
     return dataclasses.replace(cfg, worker=dataclasses.replace(w, count=plan.count))
-
-
-@contextlib.contextmanager
-def waiting_page(host: str, port: int, status: str = "waiting for a plan that includes this worker"):
-    """While a worker waits before it can start (for a plan that includes it, or for its
-    broker): /health answers 200 (alive: a liveness probe leaves it be) and everything else
-    503 (/ready: not serving), with `status`."""
-    class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            alive = self.path.split("?")[0] == "/health"
-            body = json.dumps({"status": status}).encode()
-            self.send_response(200 if alive else 503)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:      # probes every few seconds: not logged
-            pass
-
-    server = http.server.ThreadingHTTPServer((host, port), Page)
-    thread = threading.Thread(target=server.serve_forever, name="hirflow-waiting", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 class PlanWatcher:

@@ -140,10 +140,11 @@ def worker(obj: Ctx, index, count, web_port, checkpoint, create_topics):
     from hirflow.streams.worker.app import build_app
     from hirflow.streams.worker.runtime import WorkerRuntime
     from hirflow.streams.worker.shutdown import BoundedWorker
+    from hirflow.streams.worker.waiting_page import waiting_page
     from hirflow.streams.topics import Topics, ensure_topics
     cfg = obj.config(**{"worker.index": index, "worker.count": count, "worker.web_port": web_port,
                         "refresh.checkpoint": checkpoint})
-    with plan.waiting_page(cfg.worker.web_host, cfg.worker.web_port, "waiting for the Kafka cluster"):
+    with waiting_page(cfg.worker.web_host, cfg.worker.web_port, "waiting for the Kafka cluster"):
         clients.wait_for_cluster(cfg.kafka)      # started before its broker: wait, alive
     if create_topics:
         ensure_topics(cfg.kafka, Topics(cfg.kafka.topic_prefix))
