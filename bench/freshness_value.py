@@ -1,6 +1,6 @@
 """The value of freshness: next-engagement Recall@20 when the embeddings serving a query are
 0, 1 hour, 1 day or 7 days stale, or never refreshed since the checkpoint's training cutoff
-(one checkpoint throughout; see `trainer.freshness_value` for the exact protocol).
+(one checkpoint throughout; see `bench.protocols.freshness_value` for the exact protocol).
 
 Per data set (UCI Online Retail when its file is given, and the synthetic world): train on the
 first 90 % of events in time, everything before the test window (or load the data set's
@@ -32,7 +32,7 @@ from bench.quality import online_retail, synthetic  # noqa: E402
 from hirflow.encoder.model import EncoderConfig  # noqa: E402
 from hirflow.trainer.data import chronological_windows, world_knowledge  # noqa: E402
 from hirflow.trainer.evaluate import deep_funnel_actions, item_types, load_served, positive_actions  # noqa: E402
-from hirflow.trainer.freshness_value import freshness_value  # noqa: E402
+from bench.protocols.freshness_value import freshness_value  # noqa: E402
 from hirflow.trainer.train import TrainConfig, train  # noqa: E402
 
 warnings.filterwarnings("ignore")

@@ -19,7 +19,7 @@ time and recent), item-kNN, EASE^R (binary, and on recency-weighted pairs), ALS 
 LightGCN-style propagation, each tuned on the validation window (the 10 % before it).
 Reports Recall@20 / NDCG@20 with 95 % intervals, the paired ratios to the best baseline,
 the encoder's collapse health, training time and peak memory; with several `--seeds` the
-runs are pooled too (`trainer.pooling`).
+runs are pooled too (`bench.protocols.pooling`).
 
     python bench/quality.py [--quick] [--only NAME ...] [--seeds 0 1 2] [--online-retail FILE]
                             [--ciaodvd FILE] [--taobao FILE] [--yoochoose DIR]
@@ -56,7 +56,7 @@ from hirflow.streams.tools.synth import SynthConfig, SynthWorld  # noqa: E402
 from hirflow.trainer import baselines as B  # noqa: E402
 from hirflow.trainer.data import chronological_windows, world_knowledge  # noqa: E402
 from hirflow.trainer.evaluate import PER_USER, category_labels, evaluate  # noqa: E402
-from hirflow.trainer.pooling import pool  # noqa: E402
+from bench.protocols.pooling import pool  # noqa: E402
 from hirflow.trainer.train import TrainConfig, train  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -201,7 +201,7 @@ def task_of(name: str) -> str:
 
 def pool_runs(dirs: list[Path]) -> dict:
     """Each data set that every `--out` directory of `dirs` has evaluated, its runs pooled
-    (`trainer.pooling`): per run and over the runs, against the best baseline."""
+    (`bench.protocols.pooling`): per run and over the runs, against the best baseline."""
     figures: dict = {"runs": [str(d) for d in dirs]}
     for name in DATASETS:
         files = [d / f"{name}-eval" / PER_USER for d in dirs]

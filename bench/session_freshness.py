@@ -3,7 +3,7 @@ MRR@20 of the served vector refreshed after every click (staleness 0) and 10 s, 
 10 min, 1 h, 1 d stale, or never refreshed since training, beside the session-based
 baselines (most-popular-recent, co-occurrence and sequential rules on the last click, session
 kNN, V-SKNN, EASE^R on the session's clicks), each tuned on the validation window and fresh.
-See `trainer.session_freshness` and `trainer.next_click` for the protocol.
+See `bench.protocols.session_freshness` and `bench.protocols.next_click` for the protocol.
 
 Data sets: YOOCHOOSE (`--yoochoose DIR`: session-rec's train_full and test files; the test
 window is the test file's day, as session-rec splits it) and the Taobao UserBehavior head
@@ -39,11 +39,11 @@ import torch  # noqa: E402
 
 from bench.quality import taobao, yoochoose  # noqa: E402
 from hirflow.encoder.model import EncoderConfig  # noqa: E402
-from hirflow.trainer import session_baselines as SB  # noqa: E402
+from bench.protocols import session_baselines as SB  # noqa: E402
 from hirflow.trainer.data import chronological_windows  # noqa: E402
 from hirflow.trainer.evaluate import item_types, load_served, positive_actions  # noqa: E402
-from hirflow.trainer.next_click import grouped_ratio_ci, hit_and_rr, next_click_task, summary  # noqa: E402
-from hirflow.trainer.session_freshness import NEVER, STALENESS, session_freshness  # noqa: E402
+from bench.protocols.next_click import grouped_ratio_ci, hit_and_rr, next_click_task, summary  # noqa: E402
+from bench.protocols.session_freshness import NEVER, STALENESS, session_freshness  # noqa: E402
 from hirflow.trainer.train import TrainConfig, train  # noqa: E402
 
 warnings.filterwarnings("ignore")

@@ -38,3 +38,11 @@ def test_tests_and_benchmarks_share_only_the_testkit():
              for path in sorted((ROOT / folder).rglob("*.py"))
              for mod in _imports(path) if mod.split(".")[0] == other]
     assert not wrong, "\n".join(wrong)
+
+
+def test_no_test_module_imports_another():
+    """Helpers shared by tests live in helper modules (`helpers`, `conftest`, `testkit`)."""
+    wrong = [f"{path.relative_to(ROOT)} imports {mod}"
+             for folder in ("tests", "bench") for path in sorted((ROOT / folder).rglob("*.py"))
+             for mod in _imports(path) if mod.split(".")[-1].startswith("test_")]
+    assert not wrong, "\n".join(wrong)

@@ -20,7 +20,7 @@
   against exact inner-product search on the same embeddings.
 
 Writes `metrics.json`, PNG plots and `per_user.json` (each task's users and each method's
-Recall@20 per user: what `trainer.pooling` pools over several training seeds).
+Recall@20 per user: what several training seeds' results are pooled over).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ import pytest
 
 from hirflow.state.events import Engagement
 from hirflow.streams.tools.synth import SynthConfig, SynthWorld
-from tests.trainer.helpers import small
+from testkit.tiny_training import small
 from hirflow.trainer.data import Windows, chronological_windows
 from hirflow.trainer import baselines as B
 from hirflow.trainer.evaluate import TrainedOnTestWindow, evaluate

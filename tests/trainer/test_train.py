@@ -11,7 +11,7 @@ from hirflow.encoder.model import EncoderConfig
 from hirflow.state.events import Engagement
 from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from hirflow.trainer.train import NonFiniteLoss, TrainConfig, train
-from tests.trainer.helpers import small
+from testkit.tiny_training import small
 
 
 def events():

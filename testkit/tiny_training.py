@@ -1,4 +1,4 @@
-"""Helpers for the trainer tests."""
+"""A tiny schema, encoder and training config for tests that train (a few seconds on a CPU)."""
 from __future__ import annotations
 
 from hirflow.encoder.model import EncoderConfig

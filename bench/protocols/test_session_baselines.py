@@ -2,8 +2,8 @@
 import numpy as np
 
 from hirflow.state.events import Engagement
-from hirflow.trainer import session_baselines as SB
-from hirflow.trainer.next_click import next_click_task
+from bench.protocols import session_baselines as SB
+from bench.protocols.next_click import next_click_task
 
 HOUR = SB.HOUR
 

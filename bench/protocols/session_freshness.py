@@ -1,5 +1,5 @@
 """The value of freshness event by event: every next-click query of a window
-(`trainer.next_click`) is scored with the node's served vector as it stood `s` before the
+(`bench.protocols.next_click`) is scored with the node's served vector as it stood `s` before the
 query, for s from 0 (refreshed after every engagement before the query) to "never"
 (the vector as of the checkpoint's training cutoff).
 
@@ -28,7 +28,7 @@ from hirflow.encoder.model import HierarchicalEncoder
 from hirflow.state.events import Engagement
 from hirflow.state.schema import SchemaConfig
 from hirflow.trainer.embedding import served_embeddings, state_of
-from hirflow.trainer.next_click import NextClickTask, ranks
+from bench.protocols.next_click import NextClickTask, ranks
 
 SECOND = 1000
 HOUR = 3600 * SECOND

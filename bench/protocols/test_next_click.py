@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hirflow.state.events import Engagement
-from hirflow.trainer.next_click import grouped_ci, grouped_ratio_ci, hit_and_rr, next_click_task, ranks
+from bench.protocols.next_click import grouped_ci, grouped_ratio_ci, hit_and_rr, next_click_task, ranks
 
 POS = {"click"}
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hirflow.trainer.pooling import pool
+from bench.protocols.pooling import pool
 from hirflow.trainer.ranking import paired_ratio_ci
 
 

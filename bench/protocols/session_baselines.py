@@ -1,5 +1,5 @@
 """The baselines a session-recommendation engineer brings to next-click prediction
-(`trainer.next_click`), each scoring every candidate item from a node's prefix:
+(`bench.protocols.next_click`), each scoring every candidate item from a node's prefix:
 
 - ``popular_recent``: the items clicked most in the last `hours` before the query, by anyone
   (fresh: it sees every click before the query's time, the window's own included);
@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from hirflow.trainer.baselines import MAX_DENSE_ITEMS
 from hirflow.trainer.item_item import ease_weights
-from hirflow.trainer.next_click import NextClickTask, hit_and_rr, ranks
+from bench.protocols.next_click import NextClickTask, hit_and_rr, ranks
 
 HOUR = 3_600_000
 Scores = Callable[[np.ndarray, int], np.ndarray]      # (prefix items, query time) -> (I,) scores

@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hirflow.state.events import Engagement
-from hirflow.trainer.next_click import next_click_task
-from hirflow.trainer.session_freshness import NEVER, served_as_of
+from bench.protocols.next_click import next_click_task
+from bench.protocols.session_freshness import NEVER, served_as_of
 
 LO = 10_000
 
@@ -40,10 +40,10 @@ def test_ranks_per_staleness_come_from_the_served_vectors_of_a_trained_model(tmp
     from hirflow.trainer.data import chronological_windows
     from hirflow.trainer.embedding import served_embeddings, state_of
     from hirflow.trainer.evaluate import item_types, load_served, positive_actions
-    from hirflow.trainer.next_click import ranks
-    from hirflow.trainer.session_freshness import session_freshness
+    from bench.protocols.next_click import ranks
+    from bench.protocols.session_freshness import session_freshness
     from hirflow.trainer.train import train
-    from tests.trainer.helpers import small
+    from testkit.tiny_training import small
     world = SynthWorld(SynthConfig(events=1500, users=40, advertisers=4, span_days=4, seed=3))
     evs = [e for e in world.stream() if isinstance(e, Engagement)]
     w = chronological_windows([e.ts for e in evs], train=0.8, val=0.1)

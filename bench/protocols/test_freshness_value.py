@@ -2,7 +2,7 @@
 import numpy as np
 
 from hirflow.state.events import Engagement
-from hirflow.trainer.freshness_value import DAY, HOUR, freshness_value, queries
+from bench.protocols.freshness_value import DAY, HOUR, freshness_value, queries
 
 POS = {"click", "conversion"}
 
@@ -29,7 +29,7 @@ def test_queries_are_hourly_new_items_known_before_the_window():
 def test_recall_per_staleness_on_a_trained_model(tmp_path):
     """Fresh and stale embeddings give recalls in [0, 1] for every staleness, one per query."""
     from hirflow.streams.tools.synth import SynthConfig, SynthWorld
-    from tests.trainer.test_train import small
+    from testkit.tiny_training import small
     from hirflow.trainer.data import chronological_windows
     from hirflow.trainer.evaluate import item_types, load_model, positive_actions
     from hirflow.trainer.train import train
