@@ -127,7 +127,7 @@ def main() -> None:
             else:
                 print("online_retail: skipped (no --online-retail file)")
         if a.only in (None, "synthetic"):
-            figures["synthetic"] = run("synthetic", *synthetic(a.quick), a, encode, Path(tmp))
+            figures["synthetic"] = run("synthetic", *synthetic(None, a.quick), a, encode, Path(tmp))
     plot(figures, a.out / "freshness_value.png")
     print(f"plot: {a.out / 'freshness_value.png'}")
     out = {}

@@ -445,6 +445,24 @@ def test_sigterm_with_the_broker_gone_ends_the_worker_within_twenty_seconds(tmp_
         b.stop()
 
 
+def _applied_once_then_stopped(cfg, w: WorkerProcess, evs: list, tmp_path) -> None:
+    """The worker applies `evs` (every one, once: its state equals a direct apply), then
+    SIGTERM ends it within 20 s."""
+    deadline = time.monotonic() + 120
+    while committed_total(cfg, Topics(cfg.kafka.topic_prefix).engagements) < len(evs):
+        assert time.monotonic() < deadline, "the worker did not apply the stream"
+        time.sleep(0.3)
+    assert w.metrics().get("hirflow_events_applied_total") == len(evs)
+    t = time.monotonic()
+    assert w.terminate(timeout=40) == 0
+    assert time.monotonic() - t <= 20
+    with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
+        state = digest(store)
+    with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
+        apply_direct(store, evs, cfg.graph)
+        assert_same_state(state, digest(store))
+
+
 def test_a_worker_started_before_the_broker_applies_every_event_once_it_answers(tmp_path):
     """`hirflow worker` started while nothing listens on its bootstrap port: it waits, alive
     (/health 200, /ready 503), and once the broker starts and its topics are created it
@@ -468,19 +486,7 @@ def test_a_worker_started_before_the_broker_applies_every_event_once_it_answers(
         world = SynthWorld(SynthConfig(events=600, users=40, advertisers=3, seed=5))
         evs = [e for e in world.stream() if isinstance(e, Engagement)]
         produce(cfg, evs, progress=False)
-        deadline = time.monotonic() + 120
-        while committed_total(cfg, Topics(cfg.kafka.topic_prefix).engagements) < len(evs):
-            assert time.monotonic() < deadline, "the worker did not apply the stream"
-            time.sleep(0.3)
-        assert w.metrics().get("hirflow_events_applied_total") == len(evs)
-        t = time.monotonic()
-        assert w.terminate(timeout=40) == 0
-        assert time.monotonic() - t <= 20
-        with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
-            after = digest(store)
-        with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
-            apply_direct(store, evs, cfg.graph)
-            assert_same_state(after, digest(store))
+        _applied_once_then_stopped(cfg, w, evs, tmp_path)
     finally:
         w.close()
         b.stop()
@@ -525,19 +531,7 @@ def test_a_broker_away_and_back_with_its_state_loses_nothing_and_applies_nothing
         assert time.monotonic() - back <= 10, "token changes did not resume within 10 s"
         sent.join(90)
         produce(cfg, after, progress=False)
-        deadline = time.monotonic() + 120
-        while committed_total(cfg, topics.engagements) < len(evs):
-            assert time.monotonic() < deadline, "the worker did not apply the stream"
-            time.sleep(0.3)
-        assert w.metrics().get("hirflow_events_applied_total") == len(evs)
-        t = time.monotonic()
-        assert w.terminate(timeout=40) == 0
-        assert time.monotonic() - t <= 20
-        with GraphStore(cfg.graph.path, cfg.schema, cfg.kafka.partitions, create=False) as store:
-            state = digest(store)
-        with GraphStore(tmp_path / "direct", cfg.schema, cfg.kafka.partitions) as store:
-            apply_direct(store, evs, cfg.graph)
-            assert_same_state(state, digest(store))
+        _applied_once_then_stopped(cfg, w, evs, tmp_path)
     finally:
         w.close()
         b.stop()
