@@ -204,9 +204,16 @@ def _summary(api: str, world: SynthWorld, watch: FreshnessWatch, workdir: Path, 
     last = watch.window(SUMMARY_WINDOW_S, now_s=stream_end)
     every = watch.window(SUMMARY_WINDOW_S, endpoint_only=False, now_s=stream_end)
     print(f"\nsummary: {applied:,.0f} events applied in {stream_end - t0_wall:.0f} s")
-    print(f"  freshness, the stream's last {SUMMARY_WINDOW_S:.0f} s: endpoint changes p50 {last.p50_ms:.0f} ms, "
-          f"p99 {last.p99_ms:.0f} ms ({last.count:,} changes); all changes incl. neighbour "
-          f"refreshes p99 {every.p99_ms:.0f} ms ({every.count:,})")
+    if last.count:
+        print(f"  freshness, the stream's last {SUMMARY_WINDOW_S:.0f} s: endpoint changes p50 {last.p50_ms:.0f} ms, "
+              f"p99 {last.p99_ms:.0f} ms ({last.count:,} changes); all changes incl. neighbour "
+              f"refreshes p99 {every.p99_ms:.0f} ms ({every.count:,})")
+    else:
+        cold = announced is None or announced[0] > stream_end - SUMMARY_WINDOW_S
+        serving = ("cold start, whose tokens stay put once every node is indexed" if cold
+                   else "the first checkpoint")
+        print(f"  freshness, the stream's last {SUMMARY_WINDOW_S:.0f} s: no token changed (the model "
+              f"serving then: {serving})")
     start = watch.since_start()
     print(f"  since start (includes start-up and the hot swap): endpoint p50 {start.p50_ms:.0f} ms, "
           f"p99 {start.p99_ms:.0f} ms")
