@@ -58,6 +58,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def tansu_command(listen_url: str, advertised_url: str) -> list[str]:
+    """The tansu broker listening on `listen_url`, telling clients to connect to
+    `advertised_url`, with in-memory storage."""
+    return [str(tansu_binary()), "broker", "--listener-url", listen_url,
+            "--advertised-listener-url", advertised_url, "--storage-engine", "memory://tansu/"]
+
+
 class EmbeddedBroker:
     """A tansu broker process on loopback. Use as a context manager or start()/stop()."""
 
@@ -75,10 +82,8 @@ class EmbeddedBroker:
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-        self.proc = subprocess.Popen(
-            [str(tansu_binary()), "broker", "--listener-url", url,
-             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(tansu_command(url, url), stdout=out, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
         self._wait_ready(timeout)
         log.info("embedded broker up at %s (pid %d)", self.bootstrap, self.proc.pid)
         return self

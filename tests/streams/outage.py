@@ -9,7 +9,7 @@ import socket
 import subprocess
 import threading
 
-from hirflow.streams.broker import EmbeddedBroker, free_port, tansu_binary
+from hirflow.streams.broker import EmbeddedBroker, free_port, tansu_command
 
 
 class RelayedBroker:
@@ -26,11 +26,8 @@ class RelayedBroker:
 
     def start(self) -> "RelayedBroker":
         b = self.broker
-        b.proc = subprocess.Popen(
-            [str(tansu_binary()), "broker", "--listener-url", f"tcp://127.0.0.1:{b.port}",
-             "--advertised-listener-url", f"tcp://127.0.0.1:{self.port}",
-             "--storage-engine", "memory://tansu/"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        b.proc = subprocess.Popen(tansu_command(f"tcp://127.0.0.1:{b.port}", f"tcp://127.0.0.1:{self.port}"),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
         self.restore()
         b._wait_ready(30)
         return self
