@@ -1,9 +1,10 @@
 """The collaborative block as a worker serves it: extra coordinates of every embedding that
 carry an item-item model through the served inner product.
 
-An item's block is its `key` row; a user's block the sum of the `query` rows of the items it
-engaged (as of a cutoff), each weighted by how recently it engaged them relative to its own
-latest engagement, set to a fixed length: so it moves with every engagement the worker
+An item's block is its `key` row (and its popularity prior, when the block has one); a
+user's block the sum of the `query` rows of the items it engaged (as of a cutoff), each
+weighted by how recently it engaged them relative to its own latest engagement, set to a
+fixed length (and the prior's constant): so it moves with every engagement the worker
 applies, and never with the clock. Nodes the block does not know get zeros. The trainer fits
 the block and chooses everything in it (`trainer.block_fit`, `trainer.collaborative_fit`);
 this module only reads it from a checkpoint and computes it from adjacencies.
@@ -25,6 +26,7 @@ FILE = "collaborative.json"          # the block's vocabulary and settings, besi
 
 
 QUERY, KEY = "collab.query", "collab.key"     # its (I, rank) matrices in weights.safetensors
+PRIOR = "collab.prior"               # its (I,) popularity prior, when it has one
 
 
 DAY_MS = 86_400_000
@@ -44,6 +46,9 @@ class CollaborativeBlock:
     actions: tuple[int, ...]         # action codes (`SchemaConfig.action_codes`) that count
     query_types: tuple[str, ...]     # node types whose block sums their items' `query` rows
     settings: dict = field(default_factory=dict)   # l2, scale, fit figures (for the manifest)
+    prior: np.ndarray | None = None  # (I,) float32: the items' popularity prior, one more
+                                     # coordinate whose users' value is `prior_user`
+                                     # (`trainer.popularity_prior`; None: none)
 
     def __post_init__(self) -> None:
         self.row = {n: i for i, n in enumerate(self.items)}
@@ -54,10 +59,19 @@ class CollaborativeBlock:
         self.recency_days = taus_of(self.settings.get("recency_days") or 0.0)
         self.action_mask = np.zeros(max(self.actions, default=0) + 1, bool)
         self.action_mask[list(self.actions)] = True
+        self.prior_user = float(self.settings.get("prior_user", 0.0))
 
     @property
     def rank(self) -> int:
-        return int(self.key.shape[1])
+        """The block's width: the item-item model's, and the prior's coordinate."""
+        return int(self.key.shape[1]) + (self.prior is not None)
+
+    def item_rows(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """(len(rows), rank) blocks of the vocabulary's `rows`: their keys, and their prior."""
+        key = self.key[np.asarray(rows, np.int64)]
+        if self.prior is None:
+            return key
+        return np.concatenate([key, self.prior[np.asarray(rows, np.int64)][:, None]], axis=1)
 
     def blocks(self, nodes: Sequence[str], edges: EdgeColumns, cutoff: int | None = None) -> np.ndarray:
         """(len(nodes), rank) blocks of `nodes`, whose adjacencies `edges` holds (same order):
@@ -72,7 +86,9 @@ class CollaborativeBlock:
         is_query = np.fromiter((node_type(n) in self.query_types for n in nodes), bool, len(nodes))
         own = np.fromiter((self.row.get(n, -1) for n in nodes), np.int64, len(nodes))
         items = (own >= 0) & ~is_query
-        out[items] = self.key[own[items]]
+        out[items] = self.item_rows(own[items])
+        if self.prior is not None:
+            out[is_query, -1] = self.prior_user       # every user adds the items' prior alike
         if is_query.any() and len(edges.nbr):
             nbr_row = np.fromiter((self.row.get(n, -1) for n in edges.names), np.int64,
                                   len(edges.names))[edges.nbr]
@@ -88,7 +104,7 @@ class CollaborativeBlock:
             # one per (node, item): several actions or both directions count once, at the latest
             x = recency_weighted(owner[keep], nbr_row[keep], t, (len(nodes), len(self.items)),
                                  self.recency_days)
-            out[is_query] = user_rows(x, self.query, self.user_norm)[is_query]
+            out[is_query, :self.key.shape[1]] = user_rows(x, self.query, self.user_norm)[is_query]
         return out
 
     def manifest(self) -> dict:
@@ -96,17 +112,24 @@ class CollaborativeBlock:
                 "query_types": list(self.query_types), "settings": self.settings}
 
     def weights(self) -> dict[str, np.ndarray]:
-        return {QUERY: self.query, KEY: self.key}
+        out = {QUERY: self.query, KEY: self.key}
+        if self.prior is not None:
+            out[PRIOR] = self.prior
+        return out
 
     @classmethod
-    def from_parts(cls, manifest: Mapping, query: np.ndarray, key: np.ndarray) -> "CollaborativeBlock":
+    def from_parts(cls, manifest: Mapping, query: np.ndarray, key: np.ndarray,
+                   prior: np.ndarray | None = None) -> "CollaborativeBlock":
         items = tuple(manifest["items"])
         if query.shape != key.shape or query.shape[0] != len(items):
             raise ValueError(f"collaborative block: {len(items)} items but matrices of shapes "
                              f"{query.shape} and {key.shape}")
+        if prior is not None and prior.shape != (len(items),):
+            raise ValueError(f"collaborative block: {len(items)} items but a prior of shape {prior.shape}")
         return cls(items, np.asarray(query, np.float32), np.asarray(key, np.float32),
                    tuple(int(a) for a in manifest["actions"]), tuple(manifest["query_types"]),
-                   dict(manifest.get("settings", {})))
+                   dict(manifest.get("settings", {})),
+                   None if prior is None else np.asarray(prior, np.float32))
 
 
 def latest_per_pair(rows, cols, t) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -161,5 +184,7 @@ def from_checkpoint(ck) -> CollaborativeBlock | None:
         return None
     if QUERY not in ck.weights or KEY not in ck.weights:
         raise ValueError(f"{FILE} is present but the weights lack {QUERY} / {KEY}")
+    prior = ck.weights.get(PRIOR)
     return CollaborativeBlock.from_parts(doc, ck.weights[QUERY].float().numpy(),
-                                         ck.weights[KEY].float().numpy())
+                                         ck.weights[KEY].float().numpy(),
+                                         None if prior is None else prior.float().numpy())

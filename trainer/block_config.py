@@ -66,6 +66,14 @@ class CollaborativeConfig:
                                               # `propagation_grid` by the block alone, above
                                               # the lightest only on a clear lead)
     propagation_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)   # the weights it chooses among
+    prior_windows: tuple[float, ...] = (1.0,)   # taus of the popularity prior's decay
+                                     # (`trainer.popularity_prior`) in holdout windows, their
+                                     # weights averaged: what many engaged over about the
+                                     # last window's span, on the data's own clock
+    prior_weight: float | None = None    # its score spread over the block's (unset: chosen on
+                                         # the holdout from `prior_grid` by the block alone,
+                                         # each heavier weight only on a clear lead)
+    prior_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0)   # the weights it chooses among
 
     def __post_init__(self) -> None:
         def unset_or_nonneg(v): return v is None or v >= 0
@@ -93,7 +101,11 @@ class CollaborativeConfig:
                   ("propagation_layers", self.propagation_layers >= 0, ">= 0"),
                   ("propagation_weight", unset_or_nonneg(self.propagation_weight), ">= 0 or unset"),
                   ("propagation_grid", bool(self.propagation_grid) and min(self.propagation_grid) >= 0,
-                   "non-empty, each >= 0"))
+                   "non-empty, each >= 0"),
+                  ("prior_windows", bool(self.prior_windows) and min(self.prior_windows) >= 0,
+                   "non-empty, each >= 0"),
+                  ("prior_weight", unset_or_nonneg(self.prior_weight), ">= 0 or unset"),
+                  ("prior_grid", bool(self.prior_grid) and min(self.prior_grid) >= 0, "non-empty, each >= 0"))
         for name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
@@ -120,6 +132,14 @@ class CollaborativeConfig:
             return (0.0,)
         return (self.propagation_weight,) if self.propagation_weight is not None \
             else tuple(self.propagation_grid)
+
+    def prior_weights(self) -> tuple[float, ...]:
+        """The popularity prior's weights the holdout chooses among (one when configured)."""
+        return (self.prior_weight,) if self.prior_weight is not None else tuple(self.prior_grid)
+
+    def prior_taus(self, window_days: float) -> tuple[float, ...]:
+        """The prior's decay taus in days: `prior_windows` x the holdout window's length."""
+        return tuple(round(m * window_days, 3) for m in self.prior_windows)
 
     def fits(self, window_days: float) -> tuple[float | tuple[float, ...], ...]:
         """EASE^R's fits the holdout chooses among, with lambda: the taus (`fit_windows` x

@@ -1,19 +1,21 @@
 """Fitting the served collaborative block: the item-item models on the whole training
-window, cut to the chosen rank, every item beyond the dense vocabulary folded in, scaled
-against the encoder.
+window, cut to the chosen rank, every item beyond the dense vocabulary folded in, the
+popularity prior beside them, scaled against the encoder.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from hirflow.encoder.collaborative import DAY_MS, CollaborativeBlock, recency_weighted
+from hirflow.encoder.collaborative import DAY_MS, CollaborativeBlock, recency_weighted, user_rows
 from hirflow.trainer.interactions import Interactions
 from hirflow.trainer.item_item import block_weights, reduced_rank, taus_json
 from hirflow.trainer.next_period import NextPeriod, binary
+from hirflow.trainer.popularity_prior import Prior, prior_scores, prior_unit
 from hirflow.trainer.propagation import Propagation
 
 
@@ -22,14 +24,16 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
         unit_users: bool = True, recency_days: float | Sequence[float] = 0.0,
         fit_days: float | Sequence[float] = 0.0,
         nxt: NextPeriod | None = None,
-        prop: Propagation | None = None) -> CollaborativeBlock | None:
+        prop: Propagation | None = None,
+        prior: Prior | None = None) -> CollaborativeBlock | None:
     """EASE^R with `lam` on all of `data`, its pairs weighted by recency with tau `fit_days`
     (0: binary; several taus: their fits summed, `ease_scales`), cut to `rank` (at most
     items - 1) by reduced-rank regression, unscaled (`scaled` sets its
     weight); users' blocks of unit length with `unit_users`, their items weighted by recency
     with tau `recency_days` (0: alike; several: their weights averaged); the next-period
     part `nxt` added to EASE^R's weights before the cut (`block_weights`, its periods ending
-    just after the last pair). None when there is nothing to fit."""
+    just after the last pair); the popularity `prior` as one more coordinate when active
+    (`with_prior`). None when there is nothing to fit."""
     if rank == 0 or len(data.items) < 2 or not data.pairs:
         return None
     rank = min(rank, len(data.items) - 1)
@@ -46,11 +50,34 @@ def fit(data: Interactions, lam: float, rank: int, actions: Sequence[int],
         q, k = np.concatenate([q, q_tail]), np.concatenate([k, k_tail])
         items += tuple(data.tail)
         extra["tail_items"] = len(data.tail)
-    return CollaborativeBlock(items, q, k, tuple(sorted(actions)), tuple(query_types),
-                              dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
-                                   users=len(data.users), recency_days=taus_json(recency_days),
-                                   fit_days=taus_json(fit_days),
-                                   **next_settings(nxt), **propagation_settings(prop), **extra))
+    block = CollaborativeBlock(items, q, k, tuple(sorted(actions)), tuple(query_types),
+                               dict(settings or {}, l2=lam, rank=rank, items=len(data.items),
+                                    users=len(data.users), recency_days=taus_json(recency_days),
+                                    fit_days=taus_json(fit_days),
+                                    **next_settings(nxt), **propagation_settings(prop), **extra))
+    return with_prior(block, data, prior, recency_days) if prior is not None and prior.active else block
+
+
+PRIOR_USERS = 2000     # users whose block scores set the prior's scale
+
+
+def with_prior(block: CollaborativeBlock, data: Interactions, prior: Prior,
+               recency_days: float | Sequence[float]) -> CollaborativeBlock:
+    """`block` with the popularity prior of every item it has (vocabulary and tail), as of
+    just after the last pair, at `prior.weight` times the vocabulary's block scores' spread
+    over its first `PRIOR_USERS` users (`choose_prior`'s scale on the holdout); users' constant 1
+    (`scaled` scales both sides)."""
+    at = data.last_time + 1
+    n = len(data.items)
+    head = prior_scores(*data.arrays(), n, at, prior.taus)
+    tr, tc, tt = data.arrays(tail=True)
+    tail = prior_scores(tr, tc, tt, len(block.items) - n, at, prior.taus)
+    users = recency_weighted(*data.arrays(), data.shape, recency_days)[:PRIOR_USERS]
+    unit = prior_unit(user_rows(users, block.query[:n], 1.0) @ block.key[:n].T, head)
+    values = (prior.weight * unit * np.concatenate([head, tail])).astype(np.float32)
+    settings = dict(block.settings, prior_weight=prior.weight, prior_days=list(prior.taus),
+                    prior_unit=round(unit, 6), prior_user=1.0)
+    return replace(block, settings=settings, prior=values)
 
 
 FOLD_L2 = 1e-2       # the fold-in's ridge, relative to the mean eigenvalue of the users' Gram
@@ -121,5 +148,9 @@ def scaled(block: CollaborativeBlock, encoder_scores: np.ndarray, block_scores: 
     settings = dict(block.settings, scale=round(c, 6), weight=weight)
     if block.user_norm is not None:
         settings["user_norm"] = float(block.user_norm * root)
+    prior = None
+    if block.prior is not None:
+        prior = block.prior * root
+        settings["prior_user"] = float(block.prior_user * root)
     return CollaborativeBlock(block.items, block.query * root, block.key * root, block.actions,
-                              block.query_types, settings)
+                              block.query_types, settings, prior)

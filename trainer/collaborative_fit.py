@@ -10,14 +10,15 @@ is judged on its later half there given its earlier half. On the last window, by
 alone: EASE^R's lambda with its fit (recency scales summed, or binary), the users' item
 weights (the mean of season-long recency scales, or one scale of the data's own tempo, the
 median time between a user's engagements, on a clear lead), the next-period and
-graph-propagation weights (above 0 only on a clear lead) and the rank (wider only on a clear
-lead). The trainer visits chunks in time order, so when it reaches a
-window's first chunk the student has seen nothing from it: `choose` embeds the window's users
-and the items as of that chunk's start and scores each part alone and their mixes; the
-served weight (`holdout.choose_parts`) never serves an encoder below popularity, and
-prefers the part that ranks better alone unless a mix clearly leads it. After training,
-`block` refits on the whole window with the chosen settings, scales the block against the
-final encoder, and serves it alone when the encoder collapsed.
+graph-propagation weights (above 0 only on a clear lead), the rank (wider only on a clear
+lead) and the popularity prior's weight (heavier only on a clear lead). The trainer visits
+chunks in time order, so when it reaches a window's first chunk the student has seen nothing
+from it: `choose` embeds the window's users and the items as of that chunk's start and
+scores each part alone and their mixes; the served weight (`holdout.choose_parts`) never
+serves an encoder below popularity, and prefers the part that ranks better alone unless a
+mix clearly leads it. After training, `block` refits on the whole window with the chosen
+settings, scales the block against the final encoder, and serves it alone when the encoder
+collapsed.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from hirflow.state.schema import SchemaConfig, node_type
 from hirflow.state.views import ViewSampler
 from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.trainer.block_fit import fit, scaled
+from hirflow.trainer.popularity_prior import Prior, choose_prior
 from hirflow.trainer.embedding import block_rows, embed, state_of
 from hirflow.trainer.evaluate import positive_actions
 from hirflow.trainer.holdout import Holdout, choose_parts, weights_tried
@@ -151,6 +153,8 @@ class CollaborativeFit:
         prop_weight, prop_tried = h.choose_propagation(lam, fit_days, days, self.cfg.propagation_layers,
                                                        self.cfg.propagation_weights())
         rank, rank_tried = h.choose_rank(days, self.cfg.ranks())
+        prior_weight, prior_tried = choose_prior(h, days, rank, self.cfg.prior_taus(self.window_days),
+                                                 self.cfg.prior_weights())
         per_user = {}
         if self.cfg.weight is None:
             users = [self.data.users[i] for i in h.judged]
@@ -168,7 +172,9 @@ class CollaborativeFit:
             per_user["popularity"] = [float(x) for x in h.popularity()]
         return {"users": int(len(h.judged)), "l2": lam, "fit_days": taus_json(fit_days),
                 "recency_days": taus_json(days), "next_weight": next_weight, "rank": rank,
-                "propagation_weight": prop_weight,
+                "propagation_weight": prop_weight, "prior_weight": prior_weight,
+                "prior_days": list(self.cfg.prior_taus(self.window_days)),
+                "prior_recall@20": {f"{k:g}": round(v, 5) for k, v in prior_tried.items()},
                 "propagation_recall@20": {f"{k:g}": round(v, 5) for k, v in prop_tried.items()},
                 "rank_recall@20": {str(k): round(v, 5) for k, v in rank_tried.items()},
                 # keyed "lambda/fit tau" ("lambda/15+30+..." for a sum of fits)
@@ -194,6 +200,7 @@ class CollaborativeFit:
         choice = {k: last.get(k) for k in ("at", "usable", "l2", "fit_days", "recency_days",
                                            "l2_recall@20", "next_weight", "next_recall@20", "recency_recall@20",
                                            "propagation_weight", "propagation_recall@20",
+                                           "prior_weight", "prior_days", "prior_recall@20",
                                            "rank", "rank_recall@20")}
         choice.update({"weight": weight, "why": why, "holdout_users": last["users"],
                        "judged_users": sum(w["users"] for w in usable),
@@ -234,20 +241,23 @@ class CollaborativeFit:
                       "recency_days": taus_json(self.cfg.recency_taus(self.window_days)[0]),
                       "rank": min(self.cfg.ranks()),
                       "next_weight": self.cfg.next_weights()[0],
-                      "propagation_weight": self.cfg.propagation_weights()[0]}
+                      "propagation_weight": self.cfg.propagation_weights()[0],
+                      "prior_weight": min(self.cfg.prior_weights()),
+                      "prior_days": list(self.cfg.prior_taus(self.window_days))}
         codes = self.schema.action_codes()
         block = fit(self.data, choice["l2"], choice.get("rank") or min(self.cfg.ranks()),
                       [codes[a] for a in self.positive],
                       (self.schema.user_type,), {"holdout": choice}, self.cfg.unit_users,
                       choice.get("recency_days") or 0.0, choice.get("fit_days") or 0.0,
                       replace(self.next_base, weight=choice.get("next_weight") or 0.0),
-                      Propagation(self.cfg.propagation_layers, choice.get("propagation_weight") or 0.0))
+                      Propagation(self.cfg.propagation_layers, choice.get("propagation_weight") or 0.0),
+                      Prior(choice.get("prior_weight") or 0.0, tuple(choice.get("prior_days") or ())))
         if block is None:
             return None
         row = {n: i for i, n in enumerate(nodes)}
         users = [n for n in nodes if node_type(n) == self.schema.user_type][:2000]
         items = [n for n in block.items if n in row]
         raw = block_rows(block, sampler, users, codes)
-        key = block.key[[block.row[n] for n in items]]
+        key = block.item_rows([block.row[n] for n in items])
         enc = embs[[row[n] for n in users]] @ embs[[row[n] for n in items]].T
         return scaled(block, enc, raw @ key.T, choice["weight"])

@@ -45,6 +45,7 @@ class Holdout:
                                      # `choose_propagation`)
     nxt: NextPeriod | None = None    # the next-period part added to EASE^R's weights, its
                                      # periods ending at `at` (None: none; `choose_next`)
+    prior: np.ndarray | None = None  # popularity prior added to block scores (`choose_prior`)
     _ease: tuple[tuple, np.ndarray] | None = field(default=None, repr=False)  # last solve
     prefix: set = field(default_factory=set)    # (user, item, ts) pairs of the window that are
                                                 # history (sessions' first halves)
@@ -224,9 +225,10 @@ class Holdout:
         """Per weight of `grid`, each judged user's Recall@20 of `encoder_scores` plus the
         block at that weight (its scores' spread over the encoder's); users' blocks of unit
         length with `unit_users` and items weighted by `recency_days`, EASE^R fitted with
-        `fit_days` and cut to `rank`, as `fit` serves them."""
+        `fit_days` and cut to `rank`, the chosen popularity prior added, as `fit` serves them."""
         q, k = reduced_rank(self.ease(lam, fit_days), self.before, rank)
-        block = user_rows(self.queries(recency_days), q, 1.0 if unit_users else None) @ k.T
+        block = user_rows(self.queries(recency_days), q, 1.0 if unit_users else None) @ k.T \
+            + (0.0 if self.prior is None else self.prior)
         spread = float(np.std(block)) or 1.0
         unit = float(np.std(encoder_scores)) / spread
         return {w: self.per_user(encoder_scores + w * unit * block) for w in grid}
