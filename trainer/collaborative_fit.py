@@ -37,13 +37,13 @@ from hirflow.state.schema import SchemaConfig, node_type
 from hirflow.state.views import ViewSampler
 from hirflow.trainer.block_config import CollaborativeConfig
 from hirflow.trainer.block_fit import fit, scaled
-from hirflow.trainer.popularity_prior import Prior, choose_prior
 from hirflow.trainer.embedding import block_rows, embed, state_of
 from hirflow.trainer.evaluate import positive_actions
 from hirflow.trainer.holdout import Holdout, choose_parts, weights_tried
 from hirflow.trainer.interactions import Interactions
 from hirflow.trainer.item_item import taus_json, taus_label
 from hirflow.trainer.next_period import NextPeriod
+from hirflow.trainer.popularity_prior import Prior, choose_prior
 from hirflow.trainer.propagation import Propagation
 
 log = logging.getLogger(__name__)

@@ -1,16 +1,16 @@
 """The popularity prior of the collaborative block: how many users engaged an item lately,
 as one more coordinate of the served vector.
 
-Where users' histories say little about what they engage next (sparse ratings over years, a
-day's funnel on tens of thousands of items), what many users engaged lately is what the
-best baseline ranks by; item-item models see co-occurrence only. The prior is an item's
-count of distinct users, each weighted by how recently it last engaged the item (the mean
-of `taus`' exponential decays, relative to the reference time), on a log scale: its weight
-in the served score then acts as an exponent of popularity, a multiplicative prior beside
-the block's evidence. Items get it as a coordinate of their block and users a constant, so
-the served inner product adds it to every user's scores alike. The holdout chooses its
-weight by the block alone (`choose_prior`): above 0 only on a clear lead. The prior is fixed at the checkpoint's fit, as the items' block rows are; a new
-checkpoint refreshes it.
+Where users' histories say little about what they engage next (sparse ratings over years),
+what many users engaged lately is what the best baseline ranks by; item-item models see
+co-occurrence only. The prior is an item's count of distinct users, each weighted by how
+recently it last engaged the item (the mean of `taus`' exponential decays, relative to the
+reference time), on a log scale: its weight in the served score then acts as an exponent of
+popularity, a multiplicative prior beside the block's evidence. Items get it as a coordinate
+of their block and users a constant, so the served inner product adds it to every user's
+scores alike. The holdout chooses its weight by the block alone (`choose_prior`): above 0
+only on a clear lead. The prior is fixed at the checkpoint's fit, as the items' block rows
+are; a new checkpoint refreshes it.
 """
 from __future__ import annotations
 
