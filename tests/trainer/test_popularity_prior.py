@@ -60,6 +60,9 @@ def _choose(trending: bool) -> tuple[Holdout, float, dict]:
 def test_the_holdout_adds_the_prior_where_popularity_decides_and_not_where_tastes_do():
     h, weight, tried = _choose(trending=True)
     assert weight > 0 and tried[weight] > tried[0.0] and h.prior is not None
+    # the encoder-against-block curve scores the block with its chosen prior
+    encoder = np.random.default_rng(0).normal(size=(len(h.judged), h.before.shape[1])) * 1e-3
+    assert h.weight_curve(encoder, 10.0, 32, (C.BLOCK_ALONE,))[C.BLOCK_ALONE].mean() == tried[weight]
     h, weight, tried = _choose(trending=False)
     assert weight == 0.0 and h.prior is None and set(tried) == {0.0, 0.5, 1.0, 2.0}
 
