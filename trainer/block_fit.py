@@ -67,12 +67,10 @@ def with_prior(block: CollaborativeBlock, data: Interactions, prior: Prior,
     just after the last pair, at `prior.weight` times the vocabulary's block scores' spread
     over its first `PRIOR_USERS` users (`choose_prior`'s scale on the holdout); users' constant 1
     (`scaled` scales both sides)."""
-    at = data.last_time + 1
-    n = len(data.items)
-    head = prior_scores(*data.arrays(), n, at, prior.taus)
-    tr, tc, tt = data.arrays(tail=True)
-    tail = prior_scores(tr, tc, tt, len(block.items) - n, at, prior.taus)
-    users = recency_weighted(*data.arrays(), data.shape, recency_days)[:PRIOR_USERS]
+    at, n, arrays = data.last_time + 1, len(data.items), data.arrays()
+    head = prior_scores(*arrays, n, at, prior.taus)
+    tail = prior_scores(*data.arrays(tail=True), len(block.items) - n, at, prior.taus)
+    users = recency_weighted(*arrays, data.shape, recency_days)[:PRIOR_USERS]
     unit = prior_unit(user_rows(users, block.query[:n], 1.0) @ block.key[:n].T, head)
     values = (prior.weight * unit * np.concatenate([head, tail])).astype(np.float32)
     settings = dict(block.settings, prior_weight=prior.weight, prior_days=list(prior.taus),

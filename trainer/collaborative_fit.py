@@ -153,7 +153,8 @@ class CollaborativeFit:
         prop_weight, prop_tried = h.choose_propagation(lam, fit_days, days, self.cfg.propagation_layers,
                                                        self.cfg.propagation_weights())
         rank, rank_tried = h.choose_rank(days, self.cfg.ranks())
-        prior_weight, prior_tried = choose_prior(h, days, rank, self.cfg.prior_taus(self.window_days),
+        prior_weight, prior_tried = choose_prior(h, lam, fit_days, days, rank,
+                                                 self.cfg.prior_taus(self.window_days),
                                                  self.cfg.prior_weights())
         per_user = {}
         if self.cfg.weight is None:

@@ -57,11 +57,12 @@ def prior_unit(block_scores: np.ndarray, prior: np.ndarray) -> float:
     return float(np.std(block_scores)) / spread if spread > 0 else 0.0
 
 
-def choose_prior(h: Holdout, recency_days: float | Sequence[float], rank: int,
-                 taus: Sequence[float], grid: Sequence[float]) -> tuple[float, dict[float, float]]:
+def choose_prior(h: Holdout, lam: float, fit_days: float | Sequence[float],
+                 recency_days: float | Sequence[float], rank: int, taus: Sequence[float],
+                 grid: Sequence[float]) -> tuple[float, dict[float, float]]:
     """The prior's weight (decayed with `taus` days, at the block scores' spread) added to
-    the block of holdout `h` (its last solve cut to `rank`, users' items weighted by
-    `recency_days`), by the holdout Recall@20 of the block alone: the lightest weight of
+    the block of holdout `h` (its weights with `lam` and `fit_days` and the parts chosen so
+    far, `Holdout.ease`, cut to `rank`, users' items weighted by `recency_days`), by the holdout Recall@20 of the block alone: the lightest weight of
     `grid`, then each heavier one only on a clear lead over the one chosen so far, as
     `Holdout.choose_rank` widens. The holdout keeps the chosen prior (`h.prior`), which its
     weight curve adds: -> (weight, Recall@20 per weight)."""
@@ -69,8 +70,7 @@ def choose_prior(h: Holdout, recency_days: float | Sequence[float], rank: int,
     lightest = min(grid)
     if max(grid) <= 0:
         return lightest, {}
-    assert h._ease is not None, "the prior follows a solve (Holdout.ease)"
-    q, k = reduced_rank(h._ease[1], h.before, rank)
+    q, k = reduced_rank(h.ease(lam, fit_days), h.before, rank)
     block = user_rows(h.queries(recency_days), q, 1.0) @ k.T
     p = prior_scores(*h.history, h.before.shape[1], h.at, taus)
     unit = prior_unit(block, p)

@@ -53,7 +53,7 @@ def _choose(trending: bool) -> tuple[Holdout, float, dict]:
     data = Interactions.of(_stream(trending), ("user",), ("product",), max_items=100)
     h = Holdout.at_time(data, data.quantile_time(0.75))
     h.choose_fit((10.0,))
-    weight, tried = choose_prior(h, 0.0, 32, (5.0,), (0.0, 0.5, 1.0, 2.0))
+    weight, tried = choose_prior(h, 10.0, 0.0, 0.0, 32, (5.0,), (0.0, 0.5, 1.0, 2.0))
     return h, weight, tried
 
 
