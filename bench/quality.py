@@ -152,7 +152,11 @@ def run(name, schema, evs, ents, labels, a, seed: int, encode, out: Path, baseli
                else "reused checkpoint")
     print(f"{name} (seed {seed}): {len(train_evs):,} training events, {trained}; {res['users']} test "
           f"users, {res['new_positives']} new / {res['repeat_positives']} repeat positives")
+    at = sorted((m_ for m_ in res["methods"] if m_.startswith("hirflow_at_")),
+                key=lambda m_: float(m_.rsplit("_", 1)[1]))     # the holdout's other weights
     for meth, r in sorted(res["methods"].items(), key=lambda kv: -kv[1]["recall@20"]["mean"]):
+        if meth in at:
+            continue
         rc, nd = r["recall@20"], r["ndcg@20"]
         print(f"  {meth:22s} Recall@20 {rc['mean']:.4f} [{rc['ci_low']:.4f}, {rc['ci_high']:.4f}]  "
               f"NDCG@20 {nd['mean']:.4f}")
@@ -162,6 +166,9 @@ def run(name, schema, evs, ents, labels, a, seed: int, encode, out: Path, baseli
         if f"{part}_vs_best_recall@20" in res:
             vs = res[f"{part}_vs_best_recall@20"]
             print(f"  {part} / {res['best_baseline']}: {vs['ratio']:.3f} [{vs['ci_low']:.3f}, {vs['ci_high']:.3f}]")
+    if at and "best_baseline" in res:
+        print("  served at the holdout's other weights, / best: " + ", ".join(
+            f"{m_.rsplit('_', 1)[1]} {res[f'{m_}_vs_best_recall@20']['ratio']:.3f}" for m_ in at))
     print(f"  block weight {chosen.get('weight')} ({chosen.get('why')}); item directions' mean cosine "
           f"{collapse.get('mean_cosine')}, effective rank {collapse.get('effective_rank')}, positives "
           f"without a negative {collapse.get('no_negative')}; usage entropy {m['usage_entropy']}", flush=True)
@@ -171,7 +178,7 @@ def run(name, schema, evs, ents, labels, a, seed: int, encode, out: Path, baseli
     out_.update({f"{meth}_ndcg@20": {"value": r["ndcg@20"]["mean"], "unit": "ndcg",
                                      "ci95": [r["ndcg@20"]["ci_low"], r["ndcg@20"]["ci_high"]]}
                  for meth, r in res["methods"].items()})
-    for part in ("hirflow", "hirflow_encoder", "hirflow_block"):
+    for part in ("hirflow", "hirflow_encoder", "hirflow_block", *at):
         if f"{part}_vs_best_recall@20" in res:
             vs = res[f"{part}_vs_best_recall@20"]
             out_[f"{part}_recall@20"]["ratio_to_best_baseline"] = vs["ratio"]

@@ -173,7 +173,8 @@ def evaluate(path, events: Sequence[Engagement], windows: Windows, schema: Schem
                        ("deep_funnel", deep_funnel_actions(schema))):
         if acts:
             metrics[name] = _ranking(events, before, windows, schema, acts, prefix, index, emb,
-                                     model.cfg.d_emb, block, baselines, ks, per_user, name)
+                                     model.cfg.d_emb, block, baselines, ks, per_user, name,
+                                     _holdout_weights(ck.manifest))
     nodes = sorted(index, key=index.get)
     assign = _assignments(model, emb, nodes, schema)
     items = [n for n in nodes if node_type(n) in kinds]
@@ -209,10 +210,12 @@ def _session_prefixes(events, before, windows: Windows, schema: SchemaConfig) ->
 
 
 def _ranking(events, before, windows: Windows, schema: SchemaConfig, acts, prefix, index, emb,
-             d: int, block, baselines, ks, per_user: dict, name: str) -> dict:
+             d: int, block, baselines, ks, per_user: dict, name: str,
+             weights: Sequence[float] = ()) -> dict:
     """One ranking task on the test window (its baselines tuned on the validation window):
-    the served inner product, each part of the served vector alone, and the baselines; each
-    user's figures go to `per_user[name]`."""
+    the served inner product, each part of the served vector alone, the served vector as it
+    would be at each other holdout weight of `weights` (`at_weights`), and the baselines;
+    each user's figures go to `per_user[name]`."""
     kinds = item_types(schema)
     val_task = ranking_task(before, windows.train_end, windows.val_end, acts, kinds, schema.user_type,
                             [e for e in prefix["val"] if e.action in acts])
@@ -227,9 +230,30 @@ def _ranking(events, before, windows: Windows, schema: SchemaConfig, acts, prefi
     parts = {"hirflow_encoder": u[:, :d] @ v[:, :d].T}
     if block is not None and block.user_norm != 0:      # 0: the encoder alone is served
         parts["hirflow_block"] = u[:, d:] @ v[:, d:].T
+        parts.update(at_weights(parts["hirflow_encoder"], parts["hirflow_block"],
+                                block.settings.get("weight"), weights))
     per_user[name] = {}
     return compare(scores, test_task, val_task, baselines if val_task.n_eval else (), ks,
                    per_user[name], parts)
+
+
+def at_weights(encoder: np.ndarray, block: np.ndarray, served: float | None,
+               weights: Sequence[float]) -> dict[str, np.ndarray]:
+    """The served scores had the holdout chosen another weight of `weights` than `served`:
+    the block's share of the inner product grows with the weight (`block_fit.scaled`: c =
+    weight x one unit), so at weight w it is encoder + (w / served) x block, exactly. How
+    far the holdout's choice carries to the test window, weight by weight (diagnostics named
+    `hirflow_at_<w>`; none when the served block is empty or its weight unknown)."""
+    if not served:
+        return {}
+    return {f"hirflow_at_{w:g}": encoder + (w / served) * block
+            for w in sorted(weights) if w not in (served, collaborative.ENCODER_ALONE)}
+
+
+def _holdout_weights(manifest: Mapping) -> list[float]:
+    """The weights a checkpoint's holdout scored (`collaborative.holdout.weight_recall@20`)."""
+    tried = (((manifest.get("collaborative") or {}).get("holdout") or {}).get("weight_recall@20") or {})
+    return [float(w) for w in tried if w != "popularity"]
 
 
 def _assignments(model, emb: np.ndarray, nodes: list[str], schema: SchemaConfig) -> np.ndarray:

@@ -2,13 +2,17 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from hirflow.state.events import Engagement
 from hirflow.streams.tools.synth import SynthConfig, SynthWorld
 from testkit.tiny_training import small
 from hirflow.trainer.data import Windows, chronological_windows
 from hirflow.trainer import baselines as B
-from hirflow.trainer.evaluate import TrainedOnTestWindow, evaluate
+from hirflow.encoder.collaborative import user_rows
+from hirflow.trainer import block_fit
+from hirflow.trainer.evaluate import TrainedOnTestWindow, at_weights, evaluate
+from hirflow.trainer.interactions import Interactions
 from hirflow.trainer.train import train
 
 
@@ -39,8 +43,13 @@ def test_evaluation_end_to_end_writes_metrics_and_plots(tmp_path):
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["checkpoint"] == m["checkpoint"]
     res = m["next_engagement"]
     assert res["users"] > 0 and res["new_positives"] > 0
-    # the served vector, each of its parts alone, and every baseline
-    assert set(res["methods"]) == {"hirflow", "hirflow_encoder", "hirflow_block"} | {b.name for b in B.QUICK}
+    # the served vector, each of its parts alone, the served vector at the holdout's other
+    # weights, and every baseline
+    holdout = m["collaborative"]["holdout"]
+    others = {f"hirflow_at_{float(k):g}" for k in holdout["weight_recall@20"]
+              if k != "popularity" and float(k) not in (0.0, holdout["weight"])}
+    assert others and set(res["methods"]) == ({"hirflow", "hirflow_encoder", "hirflow_block"} | others
+                                              | {b.name for b in B.QUICK})
     assert res["best_baseline"] in {b.name for b in B.QUICK}
     served = np.asarray(json.loads((tmp_path / "eval" / "per_user.json").read_text())
                         ["next_engagement"]["recall@20"]["hirflow"])
@@ -71,6 +80,31 @@ def test_evaluation_end_to_end_writes_metrics_and_plots(tmp_path):
     early = Windows(w.start, w.start + 1, w.start + 2, w.end)       # a test window it trained on
     with pytest.raises(TrainedOnTestWindow, match="inside the test window"):
         evaluate(path, evs, early, schema, tmp_path / "eval2", baselines=B.QUICK)
+
+
+@settings(max_examples=25, deadline=None)
+@given(served=st.sampled_from([0.25, 1.0, 4.0, 1000.0]), other=st.sampled_from([0.25, 0.5, 2.0, 1000.0]),
+       seed=st.integers(0, 10))
+def test_the_scores_at_another_holdout_weight_are_what_that_weight_serves(served, other, seed):
+    """`at_weights` from the scores served at one weight gives, exactly, the scores a block
+    scaled at another weight serves (its share of the inner product is linear in it)."""
+    rng = np.random.default_rng(seed)
+    pairs = [("user:%d" % u, "product:%d" % rng.integers(8), int(t))
+             for t, u in enumerate(rng.integers(0, 12, 90))]
+    data = Interactions.of(pairs, ("user",), ("product",), max_items=8)
+    block = block_fit.fit(data, 10.0, 64, [3], ("user",))
+    x = data.matrix()
+    encoder = rng.normal(size=(x.shape[0], len(block.items)))
+
+    def serve(w):
+        s = block_fit.scaled(block, encoder.ravel(), (x @ block.query @ block.key.T).ravel(), w)
+        return encoder + user_rows(x, s.query, s.user_norm) @ s.key.T
+
+    out = at_weights(encoder, serve(served) - encoder, served, [0.0, served, other])
+    assert set(out) == ({f"hirflow_at_{other:g}"} if other != served else set())
+    for scores in out.values():
+        np.testing.assert_allclose(scores, serve(other), rtol=1e-4, atol=1e-4)
+    assert at_weights(encoder, serve(served) - encoder, 0.0, [other]) == {}
 
 
 def test_category_labels_are_compared_with_every_level():
