@@ -15,8 +15,8 @@ lead) and the popularity prior's weight (heavier only on a clear lead). The trai
 chunks in time order, so when it reaches a window's first chunk the student has seen nothing
 from it: `choose` embeds the window's users and the items as of that chunk's start and
 scores each part alone and their mixes; the served weight (`holdout.choose_parts`) never
-serves an encoder below popularity, and prefers the part that ranks better alone unless a
-mix clearly leads it. After training, `block` refits on the whole window with the chosen
+serves an encoder below popularity, else the weight with the best mean, ties to the part
+that ranks better alone. After training, `block` refits on the whole window with the chosen
 settings, scales the block against the final encoder, and serves it alone when the encoder
 collapsed.
 """
