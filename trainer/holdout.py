@@ -279,11 +279,11 @@ def choose_parts(per_user: Mapping[float, np.ndarray], popularity: np.ndarray | 
     mix that leads both hedges between them, where keeping one part alone bets on it.
     -> (weight, mean Recall@20 per weight, the reason in words)."""
     tried = {w: float(np.mean(r)) for w, r in per_user.items()}
-    enc, blk = per_user[ENCODER_ALONE], per_user[BLOCK_ALONE]
-    if popularity is not None and len(popularity) and float(np.mean(enc)) < float(np.mean(popularity)):
-        return BLOCK_ALONE, tried, (f"encoder alone {np.mean(enc):.4f} below popularity "
+    enc = tried[ENCODER_ALONE]
+    if popularity is not None and len(popularity) and enc < float(np.mean(popularity)):
+        return BLOCK_ALONE, tried, (f"encoder alone {enc:.4f} below popularity "
                                     f"{np.mean(popularity):.4f}: the block alone")
-    alone = BLOCK_ALONE if tried[BLOCK_ALONE] >= tried[ENCODER_ALONE] else ENCODER_ALONE
+    alone = BLOCK_ALONE if tried[BLOCK_ALONE] >= enc else ENCODER_ALONE
     best = pick_weight(per_user)
     if tried[best] <= tried[alone]:
         return alone, tried, f"the {'block' if alone == BLOCK_ALONE else 'encoder'} alone ranks best"
