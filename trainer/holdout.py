@@ -284,13 +284,7 @@ def choose_parts(per_user: Mapping[float, np.ndarray], popularity: np.ndarray | 
         return BLOCK_ALONE, tried, (f"encoder alone {enc:.4f} below popularity "
                                     f"{np.mean(popularity):.4f}: the block alone")
     alone = BLOCK_ALONE if tried[BLOCK_ALONE] >= enc else ENCODER_ALONE
-    best = pick_weight(per_user)
+    best = max(tried, key=tried.get)             # the best mean; ties go to the first
     if tried[best] <= tried[alone]:
         return alone, tried, f"the {'block' if alone == BLOCK_ALONE else 'encoder'} alone ranks best"
     return best, tried, f"the mix at {best:g} ranks best"
-
-
-def pick_weight(per_user: Mapping[float, np.ndarray]) -> float:
-    """The weight whose users' Recall@20 (`per_user`: weight -> the same users' figures) has
-    the best mean; ties go to the first."""
-    return max(per_user, key=lambda w: float(np.mean(per_user[w])))

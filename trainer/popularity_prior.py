@@ -62,9 +62,9 @@ def choose_prior(h: Holdout, lam: float, fit_days: float | Sequence[float],
                  grid: Sequence[float]) -> tuple[float, dict[float, float]]:
     """The prior's weight (decayed with `taus` days, at the block scores' spread) added to
     the block of holdout `h` (its weights with `lam` and `fit_days` and the parts chosen so
-    far, `Holdout.ease`, cut to `rank`, users' items weighted by `recency_days`), by the holdout Recall@20 of the block alone: the lightest weight of
-    `grid`, then each heavier one only on a clear lead over the one chosen so far, as
-    `Holdout.choose_rank` widens. The holdout keeps the chosen prior (`h.prior`), which its
+    far, `Holdout.ease`, cut to `rank`, users' items weighted by `recency_days`), by the
+    holdout Recall@20 of the block alone: the lightest weight of `grid`, then each heavier
+    one only on a clear lead over the one chosen so far, as `Holdout.choose_rank` widens. The holdout keeps the chosen prior (`h.prior`), which its
     weight curve adds: -> (weight, Recall@20 per weight)."""
     h.prior = None
     lightest = min(grid)
